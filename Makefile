@@ -1,0 +1,37 @@
+# make demo: set up and run the main job.  make test: set up and run every check.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+EXTRAS ?= dev
+
+.PHONY: demo test lint bench setup system-deps clean
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): $(VENV)/bin/python pyproject.toml
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@touch $(STAMP)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: setup lint
+	$(VENV)/bin/pytest -q
+
+demo: setup
+	$(PY) -m pubcomp.demo
+
+bench: setup
+	$(PY) bench/uplink_drain.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out

@@ -1,0 +1,92 @@
+"""An independent checker: a paho-mqtt subscriber that counts every reading id.
+
+It has nothing of pubcomp in it: paho-mqtt's own client, a persistent session
+at QoS 2, and a plain JSON parse of the wire format (design section 3).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+
+
+class Checker:
+    def __init__(self, port: int, topic: str = "#", client_id: str = "checker", protocol: int = 5):
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.messages = 0
+        self.bad_payloads = 0
+        self._lock = threading.Lock()
+        self._subscribed = threading.Event()
+        self.topic = topic
+        self.protocol = mqtt.MQTTv5 if protocol == 5 else mqtt.MQTTv311
+        kwargs = {"client_id": client_id, "protocol": self.protocol}
+        if self.protocol == mqtt.MQTTv311:
+            kwargs["clean_session"] = False
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, **kwargs)
+        self.client.on_message = self._on_message
+        self.client.on_connect = self._on_connect
+        self.client.on_subscribe = lambda *a: self._subscribed.set()
+        self.client.reconnect_delay_set(0.05, 0.5)
+        self.port = port
+
+    def _on_connect(self, client, userdata, flags, reason, properties):
+        client.subscribe(self.topic, qos=2)
+
+    def _on_message(self, client, userdata, msg):
+        try:
+            ids = [r["id"] for r in json.loads(msg.payload)["readings"]]
+        except (ValueError, KeyError, TypeError):
+            with self._lock:
+                self.bad_payloads += 1
+            return
+        with self._lock:
+            self.messages += 1
+            self.counts.update(ids)
+
+    def start(self) -> Checker:
+        if self.protocol == mqtt.MQTTv5:
+            props = mqtt.Properties(mqtt.PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 3600
+            self.client.connect("127.0.0.1", self.port, clean_start=False, properties=props)
+        else:
+            self.client.connect("127.0.0.1", self.port)
+        self.client.loop_start()
+        if not self._subscribed.wait(10):
+            raise RuntimeError("checker did not subscribe")
+        return self
+
+    def stop(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+    def snapshot(self) -> collections.Counter[str]:
+        with self._lock:
+            return collections.Counter(self.counts)
+
+    def wait_for(self, expected: set[str], timeout: float = 60.0) -> collections.Counter[str]:
+        """Wait until every expected id has arrived, then a little longer for stray duplicates."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            snap = self.snapshot()
+            if expected <= snap.keys():
+                time.sleep(0.3)
+                return self.snapshot()
+            time.sleep(0.05)
+        return self.snapshot()
+
+
+def exactly_once_report(counts: collections.Counter[str], expected: set[str]) -> dict[str, object]:
+    missing = expected - counts.keys()
+    dups = {k: n for k, n in counts.items() if n > 1}
+    unexpected = counts.keys() - expected
+    return {
+        "missing": len(missing),
+        "duplicated": len(dups),
+        "unexpected": len(unexpected),
+        "missing_sample": sorted(missing)[:5],
+        "dup_sample": sorted(dups.items())[:5],
+    }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pubcomp's demo and tests need, only when missing.
+# Run as root (CI and fresh machines are); otherwise it prints the command to run.
+set -euo pipefail
+
+need=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+
+if [ ${#need[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "pubcomp needs these Debian packages: ${need[*]}" >&2
+    echo "run: sudo apt-get update && sudo apt-get install -y ${need[*]}" >&2
+    exit 1
+fi
+echo "installing Debian packages: ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# The Debian package starts a system-wide broker on port 1883; the tests start
+# their own on free ports and do not need it.

@@ -1,0 +1,1 @@
+"""The exactly-once MQTT transport: codec, session rules, durable store, client, uplink."""

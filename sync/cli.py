@@ -1,0 +1,63 @@
+"""Commands of the sync part: ``pubcomp store ...`` and ``pubcomp uplink run``.
+
+Only argument declarations live at module level; the work is imported when a
+command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    store = sub.add_parser("store", help="the durable session store")
+    ssub = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+
+    imp = ssub.add_parser("import", help="append readings from a JSON-lines file")
+    _store_args(imp)
+    imp.add_argument("file", help="JSON lines: sensor, ts, value, unit; optional origin, flags")
+    imp.set_defaults(handler=_run("store_import"))
+
+    stats = ssub.add_parser("stats", help="backlog, oldest age, in-flight, size, epoch")
+    _store_args(stats)
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.set_defaults(handler=_run("store_stats"))
+
+    up = sub.add_parser("uplink", help="store and forward to the cloud broker")
+    usub = up.add_subparsers(dest="uplink_command", metavar="ACTION", required=True)
+    run = usub.add_parser("run", help="drain the store to a broker, exactly once")
+    _store_args(run)
+    run.add_argument("--broker", required=True, help="mqtt://host:port or mqtts://host:port")
+    run.add_argument("--client-id", required=True)
+    run.add_argument("--protocol", choices=("5", "3.1.1"), default="5")
+    run.add_argument(
+        "--qos", type=int, choices=(1, 2), default=2, help="1 for clouds without QoS 2"
+    )
+    run.add_argument("--topic-prefix", default="telemetry")
+    run.add_argument("--batch", type=int, default=100, help="readings per message")
+    run.add_argument("--max-bytes", type=int, default=128 * 1024, help="payload bytes per message")
+    run.add_argument("--keepalive", type=int, default=30)
+    run.add_argument("--username")
+    run.add_argument(
+        "--password-file", help="file holding the password (never on the command line)"
+    )
+    run.add_argument("--ca-file")
+    run.add_argument("--cert-file")
+    run.add_argument("--key-file")
+    run.add_argument("--exit-when-drained", action="store_true")
+    run.set_defaults(handler=_run("uplink_run"))
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, help="store file (created on first use)")
+    p.add_argument("--gateway-id", help="gateway id for a new store (default: host name)")
+
+
+def _run(name: str) -> Any:
+    def handler(args: argparse.Namespace) -> int:
+        from . import commands
+
+        return getattr(commands, name)(args)
+
+    return handler

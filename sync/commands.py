@@ -1,0 +1,140 @@
+"""What the sync commands do (imported only when one runs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .client import ConnectOptions, TLSOptions
+from .packets import MQTT_5, MQTT_311
+from .store import Reading, Store
+from .uplink import Uplink, UplinkConfig
+
+log = logging.getLogger(__name__)
+
+
+class BadLine(ValueError):
+    """A line of an import file that is not a valid reading."""
+
+    pass
+
+
+def _open_store(args: argparse.Namespace) -> Store:
+    return Store(args.store, gateway_id=args.gateway_id)
+
+
+def parse_jsonl(path: Path) -> Iterator[Reading]:
+    """Readings from a JSON-lines file; a bad line raises with its line number."""
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BadLine(f"{path}:{n}: not JSON: {exc.msg}") from None
+            if not isinstance(obj, dict):
+                raise BadLine(f"{path}:{n}: expected a JSON object")
+            unknown = obj.keys() - {"sensor", "ts", "value", "unit", "origin", "flags"}
+            if unknown:
+                raise BadLine(f"{path}:{n}: unknown keys {sorted(unknown)}")
+            sensor, value = obj.get("sensor"), obj.get("value")
+            if not isinstance(sensor, str) or not sensor:
+                raise BadLine(f"{path}:{n}: 'sensor' must be a non-empty string")
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise BadLine(f"{path}:{n}: 'value' must be a finite number or null")
+            for key in ("ts", "unit", "origin"):
+                if obj.get(key) is not None and not isinstance(obj[key], str):
+                    raise BadLine(f"{path}:{n}: '{key}' must be a string")
+            flags = obj.get("flags", [])
+            if not isinstance(flags, list) or not all(isinstance(x, str) for x in flags):
+                raise BadLine(f"{path}:{n}: 'flags' must be a list of strings")
+            yield Reading(
+                sensor,
+                None if value is None else float(value),
+                obj.get("ts"),
+                obj.get("unit"),
+                obj.get("origin"),
+                flags,
+            )
+
+
+def store_import(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    with _open_store(args) as store:
+        try:
+            first, last = store.append(parse_jsonl(path))
+        except (BadLine, OSError) as exc:
+            print(f"pubcomp store import: {exc}; nothing was imported", file=sys.stderr)
+            return 1
+        print(f"imported {max(0, last - first + 1)} readings into {store.path}")
+    return 0
+
+
+def store_stats(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        st = store.stats()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    age = st["oldest_age_s"]
+    lines = [
+        ("store", st["store"]),
+        ("gateway", st["gateway_id"]),
+        ("epoch", st["epoch"]),
+        ("backlog", f"{st['backlog']} readings"),
+        ("oldest", "-" if age is None else f"{age:.1f} s"),
+        ("in flight", f"{st['inflight_messages']} messages"),
+        ("dead letter", st["dead_letter"]),
+        ("size", f"{st['store_bytes'] / 1e6:.2f} MB used, {st['file_bytes'] / 1e6:.2f} MB on disk"),
+    ] + [(k.replace("_", " "), v) for k, v in sorted(st["counters"].items())]
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def uplink_options(args: argparse.Namespace) -> ConnectOptions:
+    return ConnectOptions(
+        client_id=args.client_id,
+        version=MQTT_5 if args.protocol == "5" else MQTT_311,
+        keepalive=args.keepalive,
+        username=args.username,
+        password_file=args.password_file,
+        tls=TLSOptions(args.ca_file, args.cert_file, args.key_file),
+    )
+
+
+def uplink_run(args: argparse.Namespace) -> int:
+    store = _open_store(args)
+    cfg = UplinkConfig(
+        topic_prefix=args.topic_prefix, qos=args.qos, batch=args.batch, max_bytes=args.max_bytes
+    )
+    uplink = Uplink(store, args.broker, uplink_options(args), cfg)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await uplink.run(stop, exit_when_drained=args.exit_when_drained)
+
+    try:
+        asyncio.run(main())
+    finally:
+        summary: dict[str, Any] = uplink.metrics()
+        store.close()
+        print(json.dumps(summary), flush=True)
+    return 0

@@ -1,0 +1,53 @@
+"""Crash points for tests: kill this process at a named point of the QoS 2 handshake.
+
+``PUBCOMP_CRASH_AT=point[:n]`` makes the n-th pass (default 1) through ``point``
+send SIGKILL to the process itself: a real kill with no cleanup, not an
+exception. Points, in handshake order:
+
+- ``publish_persisted``: packet ids committed, PUBLISH not yet written
+- ``publish_written``:   PUBLISH written, PUBREC not yet received
+- ``pubrec_received``:   PUBREC decoded, not yet committed
+- ``pubrel_written``:    PUBREL written, PUBCOMP not yet received
+- ``pubcomp_received``:  PUBCOMP decoded, its deletion not yet committed
+
+Unset (production), ``crash_point`` costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "publish_persisted",
+    "publish_written",
+    "pubrec_received",
+    "pubrel_written",
+    "pubcomp_received",
+)
+
+_target: str | None = None
+_remaining = 0
+
+
+def _load() -> None:
+    global _target, _remaining
+    spec = os.environ.get("PUBCOMP_CRASH_AT")
+    if not spec:
+        return
+    point, _, n = spec.partition(":")
+    if point not in POINTS:
+        raise ValueError(f"PUBCOMP_CRASH_AT: unknown point {point!r}; one of {POINTS}")
+    _target, _remaining = point, int(n or 1)
+
+
+def crash_point(point: str) -> None:
+    global _remaining
+    if point != _target:
+        return
+    _remaining -= 1
+    if _remaining <= 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_load()

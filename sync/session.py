@@ -1,0 +1,331 @@
+"""The QoS 1/2 session rules for both roles, without I/O.
+
+Theory of operation
+-------------------
+A QoS 2 flow has four packets, and a power cut can fall between any two of
+them. The *sender* (the uplink) keeps, for every message it has handed to the
+network, one in-flight record: ``packet_id -> PUBLISH_SENT | PUBREL_SENT``.
+The *receiver* (ingest, node ingress) keeps the set of QoS 2 packet ids it has
+taken ownership of and not yet seen released.
+
+These classes hold that state in memory and say what each incoming packet
+means; they never touch a socket, a clock or a disk. Every method returns an
+*outcome* object. The caller (``uplink.py``, the receivers) must make the
+outcome durable **before** it writes any packet the outcome carries: that is
+the whole contract, and it is why the outcomes are data rather than callbacks.
+
+Sender transitions (MQTT-4.3.3-1, 5.0 4.3.3-1..6)::
+
+    (free) --new PUBLISH, id persisted--------------> PUBLISH_SENT
+    PUBLISH_SENT --PUBREC <0x80 / commit, PUBREL-----> PUBREL_SENT
+    PUBLISH_SENT --PUBREC >=0x80 / commit----------> (free)   no PUBREL (5.0 4.3.3-4)
+    PUBLISH_SENT --PUBACK (QoS 1) / commit---------> (free)
+    PUBREL_SENT  --PUBREC again / PUBREL again-----> PUBREL_SENT
+    PUBREL_SENT  --PUBCOMP / commit delete---------> (free)
+    reconnect, session present: PUBLISH_SENT -> PUBLISH DUP=1 same id,
+                                PUBREL_SENT  -> PUBREL same id, original order
+    reconnect, session absent:  every record gets a new id (resent_after_session_loss)
+
+A PUBLISH is never resent once its PUBREL may have gone out (MQTT-4.3.3-1,
+5.0 4.3.3-6): the state is PUBREL_SENT from the moment the PUBREC is committed.
+
+Receiver transitions (MQTT-4.3.3-2, 5.0 4.3.3-8..12)::
+
+    (unknown) --PUBLISH QoS 2 / deliver + remember id, commit, PUBREC--> PENDING
+    PENDING   --PUBLISH QoS 2 same id / PUBREC only (never deliver twice)
+    PENDING   --PUBREL / forget id, commit, PUBCOMP--> (unknown)
+    (unknown) --PUBREL / PUBCOMP (0x92 in 5.0)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .packets import (
+    MQTT_5,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Reason,
+)
+
+MAX_PACKET_ID = 0xFFFF
+
+
+class OutState(enum.StrEnum):
+    PUBLISH_SENT = "PUBLISH_SENT"
+    PUBREL_SENT = "PUBREL_SENT"
+
+
+class SessionError(Exception):
+    """The peer broke a session rule; close the connection (MQTT-4.8.0-1)."""
+
+
+@dataclass(slots=True)
+class Outgoing:
+    packet_id: int
+    qos: int
+    state: OutState = OutState.PUBLISH_SENT
+
+
+# ----------------------------------------------------------------- outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """PUBREC accepted: commit PUBREL_SENT, then send ``reply`` (the PUBREL)."""
+
+    packet_id: int
+    reply: Pubrel
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """PUBACK or PUBCOMP: commit the deletion of the message; the id is free."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """PUBACK/PUBREC with reason >= 0x80: the flow is over, never retransmit (5.0 4.4.0-2)."""
+
+    packet_id: int
+    reason: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Send ``packet`` with nothing to commit (a repeated PUBREC, an unknown PUBREL)."""
+
+    packet: Pubrel | Pubcomp
+
+
+@dataclass(frozen=True, slots=True)
+class Ignored:
+    """Nothing to do; ``why`` is counted by the caller."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What a new connection must do before any new PUBLISH (design rule 4)."""
+
+    resend: list[Publish | Pubrel]
+    # Records whose session the broker lost: the caller re-queues them with new ids.
+    lost: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Receiver: take ownership of ``publish`` (commit it, and its id for QoS 2), then ack."""
+
+    publish: Publish
+    ack: Puback | Pubrec | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reack:
+    """Receiver: a repeat of a QoS 2 PUBLISH we own; acknowledge, never deliver twice."""
+
+    ack: Pubrec
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Receiver: PUBREL for an id we hold; commit forgetting it, then send the PUBCOMP."""
+
+    packet_id: int
+    ack: Pubcomp
+
+
+PERMANENT_REFUSALS = frozenset(
+    {
+        Reason.NOT_AUTHORIZED,
+        Reason.TOPIC_NAME_INVALID,
+        Reason.PACKET_TOO_LARGE,
+        Reason.PAYLOAD_FORMAT_INVALID,
+    }
+)
+
+
+# ------------------------------------------------------------------- sender
+
+
+class SenderSession:
+    """The publishing side of one MQTT session (client towards a broker).
+
+    ``inflight`` is the durable in-flight table in its original order;
+    ``last_packet_id`` the last id handed out (ids go on from there, so a
+    recently freed id is the last to be reused).
+    """
+
+    def __init__(
+        self, version: int, inflight: Iterable[Outgoing] = (), last_packet_id: int = 0
+    ) -> None:
+        self.version = version
+        self.inflight: OrderedDict[int, Outgoing] = OrderedDict((o.packet_id, o) for o in inflight)
+        self.last_packet_id = last_packet_id
+        self.receive_maximum = 65535
+        self.maximum_qos = 2
+        self.connected = False
+
+    # -- connection lifecycle
+
+    def on_connack(
+        self,
+        session_present: bool,
+        *,
+        clean_start: bool,
+        receive_maximum: int = 65535,
+        maximum_qos: int = 2,
+    ) -> Resume:
+        if session_present and clean_start:
+            # 5.0 3.2.2-4: we asked for a new session and hold none for it.
+            raise SessionError("broker reported a session present after a clean start")
+        self.receive_maximum = max(1, receive_maximum)  # 5.0 4.9.0-1: quota is never zero
+        self.maximum_qos = maximum_qos
+        self.connected = True
+        if not session_present:
+            # 5.0 3.2.2-5 / 3.1.1 3.1.2-6: the broker has none of our state. Nothing
+            # may be resent under its old id; every record goes out again as new.
+            lost = list(self.inflight)
+            self.inflight.clear()
+            return Resume([], lost)
+        resend: list[Publish | Pubrel] = []
+        for o in self.inflight.values():  # original order: MQTT-4.6.0-1
+            if o.state is OutState.PUBREL_SENT:
+                resend.append(Pubrel(o.packet_id))
+            else:
+                # Payload and topic are the store's; the caller fills them in.
+                resend.append(Publish("", b"", o.qos, dup=True, packet_id=o.packet_id))
+        return Resume(resend, [])
+
+    def on_disconnect(self) -> None:
+        self.connected = False
+
+    # -- new messages
+
+    def send_quota(self) -> int:
+        """How many more QoS>0 PUBLISHes may go out now (5.0 3.3.4-7, 4.9.0-2)."""
+        return max(0, self.receive_maximum - len(self.inflight))
+
+    def effective_qos(self, qos: int) -> int:
+        return min(qos, self.maximum_qos)  # 5.0 3.2.2-11
+
+    def allocate(self, qos: int) -> Outgoing:
+        """Reserve a packet id for a new message; the caller persists it before sending.
+
+        MQTT-2.3.1-2: an id not in use. Ids advance cyclically from the last one,
+        so an id is reused as late as possible.
+        """
+        if qos not in (1, 2):
+            raise ValueError("only QoS 1 and 2 messages carry packet ids")
+        if self.send_quota() <= 0:
+            raise SessionError("send quota exhausted (Receive Maximum)")
+        pid = self.last_packet_id
+        for _ in range(MAX_PACKET_ID):
+            pid = pid % MAX_PACKET_ID + 1
+            if pid not in self.inflight:
+                break
+        else:  # pragma: no cover - 65535 in flight is beyond any Receive Maximum
+            raise SessionError("no free packet id")
+        out = Outgoing(pid, qos)
+        self.inflight[pid] = out
+        self.last_packet_id = pid
+        return out
+
+    def forget_allocation(self, packet_id: int) -> None:
+        """Undo ``allocate`` when persisting failed (nothing was sent)."""
+        self.inflight.pop(packet_id, None)
+
+    # -- acknowledgements
+
+    def on_puback(self, pkt: Puback) -> Completed | Refused | Ignored:
+        o = self.inflight.get(pkt.packet_id)
+        if o is None or o.qos != 1:
+            return Ignored(f"PUBACK for packet id {pkt.packet_id} not awaiting one")
+        del self.inflight[pkt.packet_id]
+        if pkt.reason_code >= 0x80:
+            return Refused(pkt.packet_id, pkt.reason_code)
+        return Completed(pkt.packet_id)
+
+    def on_pubrec(self, pkt: Pubrec) -> Released | Refused | Reply | Ignored:
+        pid = pkt.packet_id
+        o = self.inflight.get(pid)
+        if o is None or o.qos != 2:
+            if self.version == MQTT_5:
+                # Let the broker finish its side; we hold nothing for this id.
+                return Reply(Pubrel(pid, Reason.PACKET_IDENTIFIER_NOT_FOUND))
+            return Ignored(f"PUBREC for unknown packet id {pid}")
+        if o.state is OutState.PUBREL_SENT:
+            # Our PUBREL may have been lost: answer again, state unchanged.
+            return Reply(Pubrel(pid))
+        if pkt.reason_code >= 0x80:
+            del self.inflight[pid]  # 5.0 4.3.3-4: no PUBREL; 4.4.0-2: never retransmit
+            return Refused(pid, pkt.reason_code)
+        o.state = OutState.PUBREL_SENT
+        return Released(pid, Pubrel(pid))
+
+    def on_pubcomp(self, pkt: Pubcomp) -> Completed | Ignored:
+        o = self.inflight.get(pkt.packet_id)
+        if o is None:
+            return Ignored(f"PUBCOMP for free packet id {pkt.packet_id}")
+        if o.state is not OutState.PUBREL_SENT:
+            # A PUBCOMP before our PUBREL is a broker bug; keep the message and let
+            # the normal PUBREC path (or the next resume) finish it.
+            return Ignored(f"PUBCOMP for packet id {pkt.packet_id} before PUBREL")
+        del self.inflight[pkt.packet_id]
+        return Completed(pkt.packet_id)
+
+
+# ----------------------------------------------------------------- receiver
+
+
+class ReceiverSession:
+    """The receiving side of one MQTT session (ingest, node ingress).
+
+    ``pending`` is the durable set of QoS 2 ids owned and not yet released.
+    """
+
+    def __init__(self, version: int, pending: Iterable[int] = ()) -> None:
+        self.version = version
+        self.pending: set[int] = set(pending)
+
+    def on_connack(self, session_present: bool) -> None:
+        if not session_present:
+            self.pending.clear()  # a new session: old ids mean nothing (MQTT-3.1.2-6)
+
+    def on_publish(self, pkt: Publish) -> Deliver | Reack:
+        """MQTT-3.3.4-1 / 4.5.0-2: every PUBLISH is answered as its QoS requires."""
+        if pkt.qos == 0:
+            return Deliver(pkt, None)
+        assert pkt.packet_id is not None
+        if pkt.qos == 1:
+            # MQTT-4.3.2-2: after PUBACK the same id is a new message; the
+            # application's own key (reading id) absorbs a resent QoS 1 message.
+            return Deliver(pkt, Puback(pkt.packet_id))
+        if pkt.packet_id in self.pending:
+            return Reack(Pubrec(pkt.packet_id))  # MQTT-4.3.3-2: never deliver twice
+        self.pending.add(pkt.packet_id)
+        return Deliver(pkt, Pubrec(pkt.packet_id))
+
+    def refuse(self, pkt: Publish, reason: int) -> Puback | Pubrec:
+        """Acknowledge a PUBLISH the application will not keep (5.0 4.3.3-9: id is then free)."""
+        assert pkt.packet_id is not None
+        self.pending.discard(pkt.packet_id)
+        code = reason if self.version == MQTT_5 else 0
+        return Puback(pkt.packet_id, code) if pkt.qos == 1 else Pubrec(pkt.packet_id, code)
+
+    def on_pubrel(self, pkt: Pubrel) -> Forget | Reply:
+        if pkt.packet_id in self.pending:
+            self.pending.discard(pkt.packet_id)
+            return Forget(pkt.packet_id, Pubcomp(pkt.packet_id))
+        code = Reason.PACKET_IDENTIFIER_NOT_FOUND if self.version == MQTT_5 else 0
+        return Reply(Pubcomp(pkt.packet_id, code))

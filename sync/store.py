@@ -1,0 +1,632 @@
+"""The durable session store: one SQLite file per gateway (design section 3).
+
+Rules this module enforces (numbers as in the design):
+
+1. A packet id is committed with its message before the PUBLISH is written
+   (``begin_messages`` commits; the caller sends afterwards).
+2. A PUBREC is committed (state PUBREL_SENT) before the PUBREL is sent.
+3. PUBCOMP deletes the in-flight row and its readings in one transaction.
+4. Resume order is the in-flight table's ``ord``; a lost session re-queues
+   every in-flight message under a new id and counts it.
+5. Receivers commit what they received together with its packet id
+   (``in_qos2``) before acknowledging.
+6. Every method takes a list and commits once: many readings and transitions
+   per fsync.
+7. A disk quota with ``drop_oldest`` or ``refuse_new``.
+8. A corrupt file is moved aside with a timestamp, never deleted.
+
+A message's readings are the outbox rows whose ``seq`` lies in the in-flight
+row's ``[first_seq, last_seq]``: batches are taken oldest first, so a message
+is a contiguous range and moving readings into flight writes no reading row.
+The ranges tile the outbox up to the highest ``last_seq``; every reading above
+it is waiting. A message whose packet id died (session lost, refused by the
+broker) keeps its range and waits as ``QUEUED`` for a new id, ahead of newer
+readings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .session import OutState
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq     INTEGER PRIMARY KEY AUTOINCREMENT,
+    rid     TEXT,              -- id given by the producer (nodes); NULL: origin/epoch/seq
+    origin  TEXT NOT NULL,
+    sensor  TEXT NOT NULL,
+    ts      TEXT,
+    value   REAL,
+    unit    TEXT,
+    flags   TEXT,              -- comma separated
+    queued  REAL NOT NULL      -- wall-clock seconds when stored
+);
+CREATE TABLE IF NOT EXISTS out_inflight (
+    ord        INTEGER PRIMARY KEY AUTOINCREMENT,  -- original send order
+    session    TEXT NOT NULL,
+    packet_id  INTEGER,           -- NULL while QUEUED (its old id died with a session)
+    state      TEXT NOT NULL CHECK (state IN ('QUEUED', 'PUBLISH_SENT', 'PUBREL_SENT')),
+    qos        INTEGER NOT NULL,
+    topic      TEXT NOT NULL,
+    first_seq  INTEGER NOT NULL,
+    last_seq   INTEGER NOT NULL,
+    UNIQUE (session, packet_id)
+);
+CREATE TABLE IF NOT EXISTS in_qos2 (
+    session   TEXT NOT NULL,
+    packet_id INTEGER NOT NULL,
+    received  REAL NOT NULL,
+    PRIMARY KEY (session, packet_id)
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session        TEXT PRIMARY KEY,
+    last_packet_id INTEGER NOT NULL DEFAULT 0,
+    established    INTEGER NOT NULL DEFAULT 0,
+    updated        REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS dead_letter (
+    seq     INTEGER PRIMARY KEY,
+    id      TEXT NOT NULL,
+    origin  TEXT NOT NULL,
+    sensor  TEXT NOT NULL,
+    ts      TEXT,
+    value   REAL,
+    unit    TEXT,
+    flags   TEXT,
+    reason  INTEGER NOT NULL,
+    at      REAL NOT NULL
+);
+"""
+
+POLICIES = ("drop_oldest", "refuse_new")
+
+
+class StoreError(Exception):
+    pass
+
+
+class StoreFull(StoreError):
+    """The quota (or the disk) is full and the policy refuses new readings."""
+
+
+class CorruptStore(StoreError):
+    pass
+
+
+@dataclass(slots=True)
+class Reading:
+    sensor: str
+    value: float | None
+    ts: str | None = None
+    unit: str | None = None
+    origin: str | None = None  # default: the gateway id
+    flags: Sequence[str] = ()
+    id: str | None = None  # default: origin/epoch/seq
+
+
+QUEUED = "QUEUED"
+
+
+@dataclass(slots=True)
+class Message:
+    """One in-flight message as the uplink needs it to (re)send."""
+
+    ord: int
+    packet_id: int | None  # None while QUEUED
+    qos: int
+    state: str  # QUEUED or an OutState
+    topic: str
+    first_seq: int
+    last_seq: int
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Store:
+    """The gateway's durable session store. One instance per process and file.
+
+    Methods are thread-safe (one lock around the one connection) so that the
+    uplink's event loop and driver threads can share it.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        gateway_id: str | None = None,
+        quota_bytes: int | None = None,
+        policy: str = "refuse_new",
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"store policy must be one of {POLICIES}, not {policy!r}")
+        self.path = Path(path)
+        self.quota_bytes = quota_bytes
+        self.policy = policy
+        self.moved_aside: Path | None = None
+        self._lock = threading.RLock()
+        self._listeners: list[Any] = []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = self._open()
+        except (sqlite3.DatabaseError, CorruptStore) as exc:
+            self.moved_aside = self._move_aside(exc)
+            self._db = self._open()
+        self.epoch, self.gateway_id = self._init_meta(gateway_id)
+
+    # ------------------------------------------------------------ opening
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            # FULL: the WAL is fsynced at every commit, so a commit survives a power cut.
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA foreign_keys=ON")
+            row = db.execute("PRAGMA quick_check").fetchone()
+            if row[0] != "ok":
+                raise CorruptStore(f"integrity check failed: {row[0]}")
+            db.executescript(SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self, exc: BaseException) -> Path:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            if src.exists():
+                src.rename(Path(str(aside) + suffix))
+        _fsync_dir(self.path.parent)
+        log.error(
+            "store %s is corrupt (%s); moved aside to %s and started a new store "
+            "(new epoch). The old file is kept for recovery.",
+            self.path,
+            exc,
+            aside,
+        )
+        return aside
+
+    def _init_meta(self, gateway_id: str | None) -> tuple[str, str]:
+        with self._tx() as db:
+            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+            if "epoch" not in meta:
+                import socket
+
+                meta = {
+                    # A new random epoch per file: a replaced SD card never repeats ids.
+                    "epoch": secrets.token_hex(6),
+                    "gateway_id": gateway_id or socket.gethostname(),
+                    "schema_version": str(SCHEMA_VERSION),
+                    "created": utc_now_iso(),
+                }
+                if self.moved_aside:
+                    meta["replaced_corrupt_store"] = str(self.moved_aside)
+                db.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
+            elif int(meta.get("schema_version", 0)) > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema {meta['schema_version']}, newer than this "
+                    f"pubcomp ({SCHEMA_VERSION}); upgrade pubcomp"
+                )
+        return meta["epoch"], meta["gateway_id"]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------ readings
+
+    def add_listener(self, callback: Any) -> None:
+        """``callback()`` runs after readings are committed (from the committing thread)."""
+        self._listeners.append(callback)
+
+    def append(self, readings: Iterable[Reading]) -> tuple[int, int]:
+        """Commit readings to the outbox in one transaction; returns (first, last) seq.
+
+        When this returns, the readings are on disk (fsynced) and may be
+        acknowledged. If ``readings`` raises part way, nothing is stored.
+        Returns (0, -1) for no readings.
+        """
+        now = time.time()
+
+        def rows() -> Iterator[tuple[Any, ...]]:
+            for n, r in enumerate(readings, 1):
+                if r.value is not None and not math.isfinite(r.value):
+                    raise ValueError(f"reading {r.sensor!r}: value {r.value} is not finite")
+                if n % 1000 == 0:
+                    self._make_room(db, 1000)
+                yield (
+                    r.id,
+                    r.origin or self.gateway_id,
+                    r.sensor,
+                    r.ts,
+                    r.value,
+                    r.unit,
+                    ",".join(r.flags) or None,
+                    now,
+                )
+
+        with self._tx() as db:
+            before = self._last_seq(db)
+            self._make_room(db, 1)
+            db.executemany(
+                "INSERT INTO outbox (rid, origin, sensor, ts, value, unit, flags, queued) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows(),
+            )
+            last = self._last_seq(db)
+        if last > before:
+            for cb in self._listeners:
+                cb()
+            return before + 1, last
+        return 0, -1
+
+    def _last_seq(self, db: sqlite3.Connection) -> int:
+        row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+        return row[0] if row else 0
+
+    def _used_bytes(self, db: sqlite3.Connection) -> int:
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+        return (pages - free) * size
+
+    def _make_room(self, db: sqlite3.Connection, incoming: int) -> None:
+        if self.quota_bytes is None:
+            return
+        used = self._used_bytes(db)
+        if used < self.quota_bytes:
+            return
+        if self.policy == "refuse_new":
+            raise StoreFull(
+                f"store {self.path} holds {used} bytes, quota {self.quota_bytes}: "
+                "refusing new readings (policy refuse_new)"
+            )
+        # drop_oldest: drop waiting (not in-flight) readings, oldest first, enough
+        # for the incoming ones plus a margin so we do not drop on every append.
+        low = self._inflight_high_seq(db)
+        victims = max(incoming * 2, 64)
+        cur = db.execute(
+            "DELETE FROM outbox WHERE seq IN "
+            "(SELECT seq FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?)",
+            (low, victims),
+        )
+        self._bump(db, "dropped_quota", cur.rowcount)
+        log.warning("store quota reached: dropped %d oldest waiting readings", cur.rowcount)
+
+    def _inflight_high_seq(self, db: sqlite3.Connection) -> int:
+        return db.execute("SELECT COALESCE(MAX(last_seq), 0) FROM out_inflight").fetchone()[0]
+
+    def waiting(self, after_seq: int, limit: int) -> list[tuple[int, dict[str, Any]]]:
+        """Up to ``limit`` waiting readings above ``after_seq``, oldest first, as (seq, reading)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, rid, origin, sensor, ts, value, unit, flags FROM outbox "
+                "WHERE seq > ? ORDER BY seq LIMIT ?",
+                (after_seq, limit),
+            ).fetchall()
+        return [(r[0], self._reading(r)) for r in rows]
+
+    def _reading(self, row: tuple[Any, ...]) -> dict[str, Any]:
+        seq, rid, origin, sensor, ts, value, unit, flags = row
+        return {
+            "id": rid or f"{origin}/{self.epoch}/{seq}",
+            "origin": origin,
+            "sensor": sensor,
+            "ts": ts,
+            "value": value,
+            "unit": unit,
+            "flags": flags.split(",") if flags else [],
+        }
+
+    def readings_between(self, first_seq: int, last_seq: int) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, rid, origin, sensor, ts, value, unit, flags FROM outbox "
+                "WHERE seq BETWEEN ? AND ? ORDER BY seq",
+                (first_seq, last_seq),
+            ).fetchall()
+        return [self._reading(r) for r in rows]
+
+    # ------------------------------------------------------ sender session
+
+    def load_session(self, session: str) -> tuple[bool, int, list[Message]]:
+        """(established, last_packet_id, this session's messages in original order)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT established, last_packet_id FROM sessions WHERE session = ?", (session,)
+            ).fetchone()
+            msgs = self._db.execute(
+                "SELECT ord, packet_id, qos, state, topic, first_seq, last_seq "
+                "FROM out_inflight WHERE session = ? ORDER BY ord",
+                (session,),
+            ).fetchall()
+        established, last = (bool(row[0]), row[1]) if row else (False, 0)
+        return established, last, [Message(*m) for m in msgs]
+
+    def high_seq(self) -> int:
+        """Readings above this seq wait in the outbox; those at or below belong to messages."""
+        with self._lock:
+            return self._inflight_high_seq(self._db)
+
+    def adopt_orphans(self, session: str) -> int:
+        """Take over messages of another session (the broker or client id changed).
+
+        Their ids mean nothing to this session's broker, so they wait as QUEUED
+        for new ids; their readings are counted as resent after session loss.
+        """
+        with self._tx() as db:
+            rows = db.execute(
+                "UPDATE out_inflight SET session = ?, packet_id = NULL, state = 'QUEUED' "
+                "WHERE session != ? RETURNING first_seq, last_seq",
+                (session, session),
+            ).fetchall()
+            self._bump(db, "resent_after_session_loss", self._count_in(db, rows))
+        return len(rows)
+
+    def session_started(self, session: str) -> None:
+        """The broker now holds a session for us (after a clean start)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO sessions (session, established, updated) VALUES (?, 1, ?) "
+                "ON CONFLICT(session) DO UPDATE SET established = 1, updated = excluded.updated",
+                (session, time.time()),
+            )
+
+    def begin_messages(self, session: str, messages: Sequence[Message]) -> None:
+        """Rule 1: commit packet ids (state PUBLISH_SENT) before the PUBLISHes are sent.
+
+        A message with ``ord == 0`` is new and is inserted (its ord is filled
+        in); others are QUEUED messages getting a new id.
+        """
+        if not messages:
+            return
+        with self._tx() as db:
+            for m in messages:
+                if m.ord:
+                    db.execute(
+                        "UPDATE out_inflight SET packet_id = ?, state = 'PUBLISH_SENT', qos = ? "
+                        "WHERE ord = ?",
+                        (m.packet_id, m.qos, m.ord),
+                    )
+                else:
+                    m.ord = db.execute(
+                        "INSERT INTO out_inflight "
+                        "(session, packet_id, state, qos, topic, first_seq, last_seq) "
+                        "VALUES (?, ?, 'PUBLISH_SENT', ?, ?, ?, ?)",
+                        (session, m.packet_id, m.qos, m.topic, m.first_seq, m.last_seq),
+                    ).lastrowid
+                m.state = OutState.PUBLISH_SENT
+            db.execute(
+                "INSERT INTO sessions (session, last_packet_id, updated) VALUES (?, ?, ?) "
+                "ON CONFLICT(session) DO UPDATE SET last_packet_id = excluded.last_packet_id, "
+                "updated = excluded.updated",
+                (session, messages[-1].packet_id, time.time()),
+            )
+
+    def apply(
+        self,
+        session: str,
+        *,
+        released: Sequence[int] = (),
+        completed: Sequence[int] = (),
+        refused: Sequence[tuple[int, int, bool]] = (),
+    ) -> int:
+        """Commit acknowledgements in one transaction (rules 2, 3, 6); returns readings delivered.
+
+        ``released``: PUBREC received, now PUBREL_SENT. ``completed``: PUBCOMP or
+        PUBACK, delete the message and its readings. ``refused``: (packet id,
+        reason, permanent): the broker refused it; permanent refusals move the
+        readings to ``dead_letter``, others wait as QUEUED for a new id.
+        """
+        delivered = 0
+        if not (released or completed or refused):
+            return delivered
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE out_inflight SET state = 'PUBREL_SENT' WHERE session = ? AND packet_id = ?",
+                [(session, p) for p in released],
+            )
+            for pid in completed:
+                row = db.execute(
+                    "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
+                    "RETURNING first_seq, last_seq",
+                    (session, pid),
+                ).fetchone()
+                if row:
+                    cur = db.execute("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", row)
+                    delivered += cur.rowcount
+                    self._bump(db, "delivered", cur.rowcount)
+                    self._bump(db, "messages_completed", 1)
+            for pid, reason, permanent in refused:
+                if not permanent:
+                    db.execute(
+                        "UPDATE out_inflight SET packet_id = NULL, state = 'QUEUED' "
+                        "WHERE session = ? AND packet_id = ?",
+                        (session, pid),
+                    )
+                    self._bump(db, "refused_by_broker", 1)
+                    continue
+                row = db.execute(
+                    "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
+                    "RETURNING first_seq, last_seq",
+                    (session, pid),
+                ).fetchone()
+                if not row:
+                    continue
+                db.execute(
+                    "INSERT OR REPLACE INTO dead_letter "
+                    "SELECT seq, COALESCE(rid, origin || '/' || ? || '/' || seq), "
+                    "origin, sensor, ts, value, unit, flags, ?, ? "
+                    "FROM outbox WHERE seq BETWEEN ? AND ?",
+                    (self.epoch, reason, time.time(), *row),
+                )
+                cur = db.execute("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", row)
+                self._bump(db, "dead_lettered", cur.rowcount)
+        return delivered
+
+    def requeue_lost(self, session: str) -> int:
+        """The broker lost the session: every message with an id waits for a new one.
+
+        Returns the readings concerned, also counted as ``resent_after_session_loss``;
+        the cloud's dedup on reading ids absorbs any copy the broker did deliver.
+        """
+        with self._tx() as db:
+            rows = db.execute(
+                "UPDATE out_inflight SET packet_id = NULL, state = 'QUEUED' "
+                "WHERE session = ? AND packet_id IS NOT NULL RETURNING first_seq, last_seq",
+                (session,),
+            ).fetchall()
+            n = self._count_in(db, rows)
+            self._bump(db, "resent_after_session_loss", n)
+        return n
+
+    def _count_in(self, db: sqlite3.Connection, ranges: Iterable[tuple[int, int]]) -> int:
+        return sum(
+            db.execute("SELECT COUNT(*) FROM outbox WHERE seq BETWEEN ? AND ?", r).fetchone()[0]
+            for r in ranges
+        )
+
+    # ---------------------------------------------------- receiver session
+
+    def qos2_pending(self, session: str) -> set[int]:
+        with self._lock:
+            return {
+                r[0]
+                for r in self._db.execute(
+                    "SELECT packet_id FROM in_qos2 WHERE session = ?", (session,)
+                )
+            }
+
+    def qos2_record(self, db: sqlite3.Connection, session: str, packet_id: int) -> None:
+        """Inside ``transaction()``: remember a QoS 2 id together with what it carried."""
+        db.execute(
+            "INSERT OR REPLACE INTO in_qos2 VALUES (?, ?, ?)", (session, packet_id, time.time())
+        )
+
+    def qos2_forget(self, session: str, packet_ids: Iterable[int]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "DELETE FROM in_qos2 WHERE session = ? AND packet_id = ?",
+                [(session, p) for p in packet_ids],
+            )
+
+    def qos2_reset(self, session: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM in_qos2 WHERE session = ?", (session,))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One durable transaction for receivers that store data and ids together."""
+        with self._tx() as db:
+            yield db
+
+    # --------------------------------------------------------------- stats
+
+    def _bump(self, db: sqlite3.Connection, name: str, n: int) -> None:
+        if n:
+            db.execute(
+                "INSERT INTO counters VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                (name, n),
+            )
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._tx() as db:
+            self._bump(db, name, n)
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._db.execute("SELECT name, value FROM counters").fetchall())
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            db = self._db
+            backlog, oldest_seq = db.execute("SELECT COUNT(*), MIN(seq) FROM outbox").fetchone()
+            oldest = db.execute("SELECT queued FROM outbox WHERE seq = ?", (oldest_seq,)).fetchone()
+            inflight = db.execute("SELECT COUNT(*) FROM out_inflight").fetchone()[0]
+            dead = db.execute("SELECT COUNT(*) FROM dead_letter").fetchone()[0]
+            used = self._used_bytes(db)
+        wal = Path(str(self.path) + "-wal")
+        return {
+            "store": str(self.path),
+            "gateway_id": self.gateway_id,
+            "epoch": self.epoch,
+            "backlog": backlog,
+            "oldest_age_s": round(time.time() - oldest[0], 3) if oldest else None,
+            "inflight_messages": inflight,
+            "dead_letter": dead,
+            "store_bytes": used,
+            "file_bytes": self.path.stat().st_size + (wal.stat().st_size if wal.exists() else 0),
+            "quota_bytes": self.quota_bytes,
+            "policy": self.policy,
+            "counters": self.counters(),
+            "replaced_corrupt_store": str(self.moved_aside) if self.moved_aside else None,
+        }
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode_reading(reading: dict[str, Any]) -> bytes:
+    return json.dumps(reading, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def encode_payload(gateway: str, encoded_readings: Sequence[bytes]) -> bytes:
+    """The gateway-to-cloud wire format, version 1 (docs/wire-format.md).
+
+    Deterministic: the same readings always give the same bytes, so a DUP
+    resend rebuilt from the store is byte-identical to the first PUBLISH.
+    """
+    return b"".join((payload_head(gateway), b",".join(encoded_readings), b"]}"))
+
+
+def payload_head(gateway: str) -> bytes:
+    return (
+        b'{"v":1,"gateway":' + json.dumps(gateway, ensure_ascii=False).encode() + b',"readings":['
+    )

@@ -1,0 +1,424 @@
+"""Store and forward: drain the outbox to the cloud broker, exactly once.
+
+One loop per connection:
+
+1. resume: PUBREL / DUP PUBLISH for every in-flight message, in original
+   order, before anything new (design rule 4, MQTT-4.4.0-1, 4.6.0-1);
+2. fill the send window (Receive Maximum) with the oldest waiting readings,
+   committing the packet ids *before* writing the PUBLISHes (rule 1);
+3. read whatever acknowledgements arrived, commit them in one transaction,
+   then write the PUBRELs they call for (rules 2, 3, 6).
+
+The session rules live in ``session.py``; this module only orders durable
+commits before socket writes and handles reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import (
+    Backoff,
+    BrokerURL,
+    Connection,
+    ConnectionClosed,
+    ConnectOptions,
+    ConnectRefused,
+    connect,
+)
+from .codec import ProtocolError
+from .faults import crash_point
+from .packets import MQTT_5, MQTT_311, Disconnect, Puback, Pubcomp, Publish, Pubrec, Pubrel
+from .session import (
+    PERMANENT_REFUSALS,
+    Completed,
+    Ignored,
+    Outgoing,
+    OutState,
+    Refused,
+    Released,
+    Reply,
+    SenderSession,
+    SessionError,
+)
+from .store import QUEUED, Message, Store, encode_payload, encode_reading, payload_head
+
+log = logging.getLogger(__name__)
+
+# Room left in a PUBLISH for its fixed header, topic and properties.
+_PUBLISH_OVERHEAD = 512
+
+
+@dataclass
+class UplinkConfig:
+    topic_prefix: str = "telemetry"
+    qos: int = 2
+    batch: int = 100  # readings per message
+    max_bytes: int = 128 * 1024  # payload bytes per message
+    idle_poll: float = 0.5  # seconds between outbox polls when idle
+
+
+@dataclass
+class UplinkStatus:
+    state: str = "starting"
+    connected_since: float | None = None
+    last_error: str | None = None
+    qos_in_use: int | None = None
+    receive_maximum: int | None = None
+    delivered: int = 0
+    ignored: collections.Counter[str] = field(default_factory=collections.Counter)
+    _rate_window: collections.deque[tuple[float, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=600)
+    )
+
+    def record_delivery(self, n: int) -> None:
+        self.delivered += n
+        self._rate_window.append((time.monotonic(), self.delivered))
+
+    def drain_rate(self, horizon: float = 30.0) -> float:
+        """Readings per second delivered over the last ``horizon`` seconds."""
+        now = time.monotonic()
+        pts = [(t, d) for t, d in self._rate_window if now - t <= horizon]
+        if len(pts) < 2 or pts[-1][0] == pts[0][0]:
+            return 0.0
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+
+class Uplink:
+    def __init__(
+        self,
+        store: Store,
+        broker: str,
+        options: ConnectOptions,
+        config: UplinkConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.url = BrokerURL.parse(broker)
+        self.opts = options
+        self.cfg = config or UplinkConfig()
+        if self.cfg.qos not in (1, 2):
+            raise ValueError("uplink QoS must be 1 or 2")
+        self.session_key = f"{self.url}#{options.client_id}"
+        self.topic = f"{self.cfg.topic_prefix}/{store.gateway_id}/readings"
+        self.status = UplinkStatus()
+        self._head = payload_head(store.gateway_id)
+        self._wakeup = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        store.add_listener(self._on_new_readings)
+
+    # ------------------------------------------------------------ public
+
+    async def run(self, stop: asyncio.Event | None = None, exit_when_drained: bool = False) -> None:
+        """Deliver until ``stop`` is set (or the store is drained, with the flag)."""
+        self._loop = asyncio.get_running_loop()
+        stop = stop or asyncio.Event()
+        backoff = Backoff()
+        adopted = self.store.adopt_orphans(self.session_key)
+        if adopted:
+            log.warning("%d in-flight messages belonged to another session; re-queued", adopted)
+        while not stop.is_set():
+            try:
+                drained = await self._connection(stop, exit_when_drained, backoff)
+                if drained or stop.is_set():
+                    return
+            except ConnectRefused as exc:
+                self._failed(str(exc))
+            except (ConnectionClosed, OSError, TimeoutError, ProtocolError, SessionError) as exc:
+                self._failed(f"{type(exc).__name__}: {exc}")
+            delay = backoff.next_delay()
+            self.status.state = "backoff"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+    def metrics(self) -> dict[str, Any]:
+        st = self.store.stats()
+        rate = self.status.drain_rate()
+        backlog = st["backlog"]
+        return {
+            "state": self.status.state,
+            "broker": str(self.url),
+            "qos": self.status.qos_in_use or self.cfg.qos,
+            "receive_maximum": self.status.receive_maximum,
+            "backlog": backlog,
+            "oldest_age_s": st["oldest_age_s"],
+            "inflight_messages": st["inflight_messages"],
+            "drain_rate": round(rate, 1),
+            "eta_s": round(backlog / rate, 1) if rate > 0 and backlog else None,
+            "delivered": self.status.delivered,
+            "resent_after_session_loss": st["counters"].get("resent_after_session_loss", 0),
+            "refused_by_broker": st["counters"].get("refused_by_broker", 0),
+            "dead_letter": st["dead_letter"],
+            "last_error": self.status.last_error,
+        }
+
+    # ----------------------------------------------------------- internals
+
+    def _on_new_readings(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            if asyncio.get_running_loop() is loop:
+                self._wakeup.set()
+                return
+        except RuntimeError:
+            pass
+        loop.call_soon_threadsafe(self._wakeup.set)
+
+    def _failed(self, why: str) -> None:
+        self.status.last_error = why
+        self.status.connected_since = None
+        log.warning("uplink to %s: %s", self.url, why)
+
+    async def _open(self) -> tuple[Connection, bool, int, int]:
+        """Connect; returns (connection, session_present, receive max, max QoS)."""
+        established, _, _ = self.store.load_session(self.session_key)
+        self.status.state = "connecting"
+        clean = not established
+        conn, connack = await connect(self.url, self.opts, clean_start=clean)
+        if clean and self.opts.version == MQTT_311:
+            # A 3.1.1 clean session ends with its connection: it only cleared any
+            # stale session. Now open the persistent one.
+            await conn.close(Disconnect())
+            conn, connack = await connect(self.url, self.opts, clean_start=False)
+            if connack.session_present:
+                await conn.close()
+                raise SessionError("broker kept a session we had just cleared")
+        if clean:
+            self.store.session_started(self.session_key)
+        props = connack.properties
+        rm = props.get("receive_maximum", 65535) if self.opts.version == MQTT_5 else 65535
+        return conn, connack.session_present, rm, props.get("maximum_qos", 2)
+
+    async def _connection(
+        self, stop: asyncio.Event, exit_when_drained: bool, backoff: Backoff
+    ) -> bool:
+        conn, present, receive_max, max_qos = await self._open()
+        try:
+            link = self._resume(conn, present, receive_max, max_qos)
+            backoff.reset()
+            await link.resend()
+            while not stop.is_set():
+                await link.fill_window()
+                if exit_when_drained and link.drained():
+                    self.status.state = "drained"
+                    await conn.close(Disconnect())
+                    return True
+                await link.read_acks(await self._recv_or_wakeup(conn, stop, link))
+            return False
+        finally:
+            # A DISCONNECT with reason 0 keeps the session (session expiry > 0 in
+            # 5.0, CleanSession=0 in 3.1.1); the store keeps everything in flight.
+            await conn.close(Disconnect() if stop.is_set() else None)
+
+    def _resume(self, conn: Connection, present: bool, receive_max: int, max_qos: int) -> _Link:
+        _, last_pid, messages = self.store.load_session(self.session_key)
+        session = SenderSession(
+            conn.version,
+            [Outgoing(m.packet_id, m.qos, OutState(m.state)) for m in messages if m.packet_id],
+            last_pid,
+        )
+        resume = session.on_connack(
+            present, clean_start=False, receive_maximum=receive_max, maximum_qos=max_qos
+        )
+        if self.opts.version == MQTT_311:
+            # 3.1.1 has no Receive Maximum; 20 is Mosquitto's default inflight limit.
+            session.receive_maximum = min(session.receive_maximum, 20)
+        if resume.lost:
+            n = self.store.requeue_lost(self.session_key)
+            log.warning(
+                "broker lost our session: %d messages (%d readings) re-queued with new ids",
+                len(resume.lost),
+                n,
+            )
+            _, _, messages = self.store.load_session(self.session_key)
+        qos = session.effective_qos(self.cfg.qos)
+        if qos == 0:
+            raise SessionError("broker allows only QoS 0; exactly-once needs QoS 1 or 2")
+        max_bytes = self.cfg.max_bytes
+        if conn.broker_max_packet_size:
+            max_bytes = min(max_bytes, conn.broker_max_packet_size - _PUBLISH_OVERHEAD)
+        self.status.state = "connected"
+        self.status.connected_since = time.time()
+        self.status.receive_maximum = session.receive_maximum
+        self.status.qos_in_use = qos
+        return _Link(self, conn, session, messages, resume.resend, qos, max_bytes)
+
+    async def _recv_or_wakeup(
+        self, conn: Connection, stop: asyncio.Event, link: _Link
+    ) -> list[Any]:
+        """Wait for packets; return early on a stop, or when new readings could fill a free slot."""
+        idle = not link.session.inflight
+        recv = asyncio.ensure_future(conn.recv(self.cfg.idle_poll if idle else None))
+        others = {asyncio.ensure_future(stop.wait())}
+        if link.session.send_quota() > 0:
+            self._wakeup.clear()
+            others.add(asyncio.ensure_future(self._wakeup.wait()))
+        done, _ = await asyncio.wait({recv, *others}, return_when=asyncio.FIRST_COMPLETED)
+        for t in others:
+            t.cancel()
+        if recv in done:
+            return recv.result()
+        recv.cancel()  # Connection.recv keeps decoded packets for the next call
+        with contextlib.suppress(asyncio.CancelledError):
+            await recv
+        return []
+
+
+class _Link:
+    """The uplink's state for one live connection."""
+
+    def __init__(
+        self,
+        up: Uplink,
+        conn: Connection,
+        session: SenderSession,
+        messages: list[Message],
+        resend: list[Publish | Pubrel],
+        qos: int,
+        max_bytes: int,
+    ) -> None:
+        self.up, self.store, self.conn, self.session = up, up.store, conn, session
+        self.key = up.session_key
+        self.live: dict[int, Message] = {m.packet_id: m for m in messages if m.packet_id}
+        self.queued = collections.deque(m for m in messages if m.state == QUEUED)
+        self.pending_resend = resend
+        self.qos = qos
+        self.max_bytes = max_bytes
+        self.cursor = self.store.high_seq()
+
+    def drained(self) -> bool:
+        return not self.live and not self.queued and not self.store.waiting(self.cursor, 1)
+
+    def payload_of(self, m: Message) -> bytes:
+        readings = self.store.readings_between(m.first_seq, m.last_seq)
+        return encode_payload(self.store.gateway_id, [encode_reading(r) for r in readings])
+
+    async def resend(self) -> None:
+        """MQTT-4.4.0-1 / 4.6.0-1: in-flight packets again, same ids, original order."""
+        pkts: list[Publish | Pubrel] = []
+        for pkt in self.pending_resend:
+            if isinstance(pkt, Publish):
+                m = self.live[pkt.packet_id]  # type: ignore[index]
+                pkt = Publish(m.topic, self.payload_of(m), m.qos, dup=True, packet_id=m.packet_id)
+            pkts.append(pkt)
+        if pkts:
+            log.info("resuming session: %d packets resent", len(pkts))
+            await self.conn.send(*pkts)
+
+    async def fill_window(self) -> None:
+        """New PUBLISHes up to the send quota: re-queued messages first, then oldest readings."""
+        quota = self.session.send_quota()
+        fresh: list[tuple[Message, bytes]] = []
+        while quota and self.queued:
+            m = self.queued.popleft()
+            m.packet_id = self.session.allocate(self.qos).packet_id
+            m.qos = self.qos
+            fresh.append((m, self.payload_of(m)))
+            quota -= 1
+        if quota:
+            fresh += self._batches(quota)
+        if not fresh:
+            return
+        try:
+            self.store.begin_messages(self.key, [m for m, _ in fresh])
+        except BaseException:
+            for m, _ in fresh:
+                self.session.forget_allocation(m.packet_id)  # type: ignore[arg-type]
+            raise
+        crash_point("publish_persisted")
+        for m, _ in fresh:
+            self.live[m.packet_id] = m  # type: ignore[index]
+        await self.conn.send(*(Publish(m.topic, p, m.qos, packet_id=m.packet_id) for m, p in fresh))
+        crash_point("publish_written")
+
+    def _batches(self, quota: int) -> list[tuple[Message, bytes]]:
+        batch, head = self.up.cfg.batch, len(self.up._head) + 2
+        rows = self.store.waiting(self.cursor, quota * batch)
+        out: list[tuple[Message, bytes]] = []
+        i = 0
+        while i < len(rows) and len(out) < quota:
+            first, size, encoded = rows[i][0], head, []
+            while i < len(rows) and len(encoded) < batch:
+                e = encode_reading(rows[i][1])
+                if encoded and size + len(e) + 1 > self.max_bytes:
+                    break
+                encoded.append(e)
+                size += len(e) + 1
+                i += 1
+            last = rows[i - 1][0]
+            pid = self.session.allocate(self.qos).packet_id
+            m = Message(0, pid, self.qos, QUEUED, self.up.topic, first, last)
+            out.append((m, encode_payload(self.store.gateway_id, encoded)))
+            self.cursor = last
+        return out
+
+    async def read_acks(self, pkts: list[Any]) -> None:
+        """Commit what the acknowledgements say in one transaction, then answer."""
+        released: list[int] = []
+        completed: list[int] = []
+        refused: list[tuple[int, int, bool]] = []
+        replies: list[Any] = []
+        status = self.up.status
+        for pkt in pkts:
+            if isinstance(pkt, Pubrec):
+                crash_point("pubrec_received")
+                out: Any = self.session.on_pubrec(pkt)
+            elif isinstance(pkt, Pubcomp):
+                crash_point("pubcomp_received")
+                out = self.session.on_pubcomp(pkt)
+            elif isinstance(pkt, Puback):
+                out = self.session.on_puback(pkt)
+            elif isinstance(pkt, Publish) and pkt.qos:
+                # We subscribe to nothing; still answer as its QoS requires (MQTT-4.5.0-2).
+                status.ignored["unexpected PUBLISH"] += 1
+                replies.append(Puback(pkt.packet_id) if pkt.qos == 1 else Pubrec(pkt.packet_id))  # type: ignore[arg-type]
+                continue
+            elif isinstance(pkt, Pubrel):
+                replies.append(Pubcomp(pkt.packet_id))
+                continue
+            else:
+                status.ignored[f"unexpected {type(pkt).__name__}"] += 1
+                continue
+            if isinstance(out, Released):
+                released.append(out.packet_id)
+                replies.append(out.reply)
+            elif isinstance(out, Completed):
+                completed.append(out.packet_id)
+                self.live.pop(out.packet_id, None)
+            elif isinstance(out, Refused):
+                permanent = out.reason in PERMANENT_REFUSALS
+                refused.append((out.packet_id, out.reason, permanent))
+                m = self.live.pop(out.packet_id, None)
+                if m is not None and not permanent:
+                    m.packet_id, m.state = None, QUEUED
+                    self.queued.append(m)
+                log.warning(
+                    "broker refused packet %d with reason %#04x (%s)",
+                    out.packet_id,
+                    out.reason,
+                    "dead-lettered" if permanent else "will retry with a new id",
+                )
+            elif isinstance(out, Reply):
+                replies.append(out.packet)
+            elif isinstance(out, Ignored):
+                status.ignored[out.why.split(" for ")[0]] += 1
+                log.debug("ignored: %s", out.why)
+        if released or completed or refused:
+            delivered = self.store.apply(
+                self.key, released=released, completed=completed, refused=refused
+            )
+            if delivered:
+                status.record_delivery(delivered)
+        if replies:
+            await self.conn.send(*replies)
+            if released:
+                crash_point("pubrel_written")
+        if any(not p for _, _, p in refused):
+            await asyncio.sleep(0.5)  # the broker is pushing back; do not hammer it

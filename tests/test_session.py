@@ -1,0 +1,179 @@
+"""The session rules without I/O; each test names the normative statement it enforces."""
+
+from __future__ import annotations
+
+import pytest
+from pubcomp.sync.packets import MQTT_5, MQTT_311, Puback, Pubcomp, Publish, Pubrec, Pubrel
+from pubcomp.sync.session import (
+    Completed,
+    Deliver,
+    Forget,
+    Ignored,
+    Outgoing,
+    OutState,
+    Reack,
+    ReceiverSession,
+    Refused,
+    Released,
+    Reply,
+    SenderSession,
+    SessionError,
+)
+
+
+def connected(version: int = MQTT_5, **kw: object) -> SenderSession:
+    s = SenderSession(version, **kw)  # type: ignore[arg-type]
+    s.on_connack(False, clean_start=True)
+    return s
+
+
+def test_new_ids_are_nonzero_unused_and_advance_MQTT_2_3_1_1_and_2() -> None:
+    s = connected(last_packet_id=65534)
+    ids = [s.allocate(2).packet_id for _ in range(3)]
+    assert ids == [65535, 1, 2]  # wraps past 65535 to 1, never 0
+    s2 = SenderSession(MQTT_5, [Outgoing(1, 2), Outgoing(3, 2)], last_packet_id=0)
+    s2.on_connack(True, clean_start=False)
+    assert [s2.allocate(2).packet_id for _ in range(2)] == [2, 4]  # skips ids in use
+
+
+def test_qos2_flow_PUBREC_then_PUBCOMP_MQTT_4_3_3_1() -> None:
+    s = connected()
+    pid = s.allocate(2).packet_id
+    out = s.on_pubrec(Pubrec(pid))
+    assert out == Released(pid, Pubrel(pid))  # PUBREL echoes the id: MQTT-2.3.1-6
+    assert s.inflight[pid].state is OutState.PUBREL_SENT
+    assert s.on_pubcomp(Pubcomp(pid)) == Completed(pid)
+    assert pid not in s.inflight  # MQTT-2.3.1-3: PUBCOMP frees the id
+
+
+def test_repeated_PUBREC_gets_PUBREL_again_never_the_PUBLISH_MQTT_4_3_3_1() -> None:
+    s = connected()
+    pid = s.allocate(2).packet_id
+    s.on_pubrec(Pubrec(pid))
+    assert s.on_pubrec(Pubrec(pid)) == Reply(Pubrel(pid))
+    assert s.inflight[pid].state is OutState.PUBREL_SENT
+
+
+def test_PUBREC_with_error_ends_the_flow_without_PUBREL_5_0_4_3_3_4_and_4_4_0_2() -> None:
+    s = connected()
+    pid = s.allocate(2).packet_id
+    assert s.on_pubrec(Pubrec(pid, 0x97)) == Refused(pid, 0x97)
+    assert pid not in s.inflight  # 4.4.0-2: acknowledged, never retransmitted
+    r = s.on_connack(True, clean_start=False)
+    assert r.resend == []
+
+
+def test_qos1_flow_and_PUBACK_error_MQTT_4_3_2_1() -> None:
+    s = connected()
+    a, b = s.allocate(1).packet_id, s.allocate(1).packet_id
+    assert s.on_puback(Puback(a)) == Completed(a)
+    assert s.on_puback(Puback(b, 0x87)) == Refused(b, 0x87)
+    assert not s.inflight
+
+
+def test_resume_resends_PUBLISH_dup_and_PUBREL_in_original_order_MQTT_4_4_0_1_and_4_6_0_1() -> None:
+    inflight = [Outgoing(9, 2), Outgoing(3, 2, OutState.PUBREL_SENT), Outgoing(5, 1)]
+    s = SenderSession(MQTT_311, inflight, last_packet_id=9)
+    r = s.on_connack(True, clean_start=False)
+    assert [(type(p).__name__, p.packet_id) for p in r.resend] == [
+        ("Publish", 9),
+        ("Pubrel", 3),
+        ("Publish", 5),
+    ]
+    pubs = [p for p in r.resend if isinstance(p, Publish)]
+    assert all(p.dup for p in pubs)  # MQTT-3.3.1-1: DUP=1 on redelivery
+    assert [p.qos for p in pubs] == [2, 1]
+
+
+def test_new_publish_has_dup_0_MQTT_3_3_1_3_and_4_3_3_1() -> None:
+    # The uplink builds new PUBLISHes with the default DUP=False; resend is the only DUP=1 path.
+    assert Publish("t", b"", 2, packet_id=1).dup is False
+
+
+def test_session_absent_discards_state_and_reports_it_lost_5_0_3_2_2_5_MQTT_3_1_2_6() -> None:
+    s = SenderSession(MQTT_5, [Outgoing(4, 2), Outgoing(6, 2, OutState.PUBREL_SENT)], 6)
+    r = s.on_connack(False, clean_start=False)
+    assert r.resend == [] and r.lost == [4, 6]  # nothing resent under an old id
+    assert not s.inflight
+
+
+def test_session_present_after_clean_start_closes_5_0_3_2_2_4() -> None:
+    s = SenderSession(MQTT_5)
+    with pytest.raises(SessionError, match="session present"):
+        s.on_connack(True, clean_start=True)
+
+
+def test_receive_maximum_bounds_inflight_5_0_3_3_4_7_and_4_9_0_1_2() -> None:
+    s = SenderSession(MQTT_5)
+    s.on_connack(False, clean_start=True, receive_maximum=2)
+    s.allocate(2)
+    s.allocate(2)
+    assert s.send_quota() == 0
+    with pytest.raises(SessionError, match="quota"):
+        s.allocate(2)
+    # 4.9.0-3 (keep handling other packets at zero quota): acks still flow and free the quota.
+    s.on_pubrec(Pubrec(1))
+    s.on_pubcomp(Pubcomp(1))
+    assert s.send_quota() == 1
+    # 4.9.0-1: a quota of zero from the broker is never used as zero.
+    z = SenderSession(MQTT_5)
+    z.on_connack(False, clean_start=True, receive_maximum=0)
+    assert z.send_quota() == 1
+
+
+def test_maximum_qos_is_honoured_5_0_3_2_2_11() -> None:
+    s = SenderSession(MQTT_5)
+    s.on_connack(False, clean_start=True, maximum_qos=1)
+    assert s.effective_qos(2) == 1
+
+
+def test_unexpected_acks_do_not_corrupt_state() -> None:
+    s = connected()
+    pid = s.allocate(2).packet_id
+    assert isinstance(s.on_pubcomp(Pubcomp(pid)), Ignored)  # PUBCOMP before PUBREC
+    assert s.inflight[pid].state is OutState.PUBLISH_SENT
+    assert isinstance(s.on_pubcomp(Pubcomp(999)), Ignored)  # PUBCOMP for a free id
+    assert isinstance(s.on_puback(Puback(pid)), Ignored)  # PUBACK for a QoS 2 message
+    assert s.on_pubrec(Pubrec(777)) == Reply(Pubrel(777, 0x92))  # 5.0: id not found
+    assert isinstance(connected(MQTT_311).on_pubrec(Pubrec(777)), Ignored)
+    assert list(s.inflight) == [pid]
+
+
+def test_receiver_qos2_never_delivers_twice_MQTT_4_3_3_2_and_5_0_4_3_3_10() -> None:
+    r = ReceiverSession(MQTT_5)
+    p = Publish("t", b"x", 2, packet_id=5)
+    first = r.on_publish(p)
+    assert isinstance(first, Deliver) and first.ack == Pubrec(5)
+    again = r.on_publish(Publish("t", b"x", 2, dup=True, packet_id=5))
+    assert again == Reack(Pubrec(5))
+    assert r.on_pubrel(Pubrel(5)) == Forget(5, Pubcomp(5))  # 5.0 4.3.3-11
+    # 5.0 4.3.3-12 / MQTT-4.3.3-2: after PUBCOMP the id means a new message.
+    assert isinstance(r.on_publish(Publish("t", b"y", 2, packet_id=5)), Deliver)
+
+
+def test_receiver_answers_every_publish_MQTT_4_5_0_2_and_3_3_4_1() -> None:
+    r = ReceiverSession(MQTT_311)
+    assert r.on_publish(Publish("t", b"", 0)) == Deliver(Publish("t", b"", 0), None)
+    d = r.on_publish(Publish("t", b"", 1, packet_id=3))
+    assert isinstance(d, Deliver) and d.ack == Puback(3)
+    # MQTT-4.3.2-2: after PUBACK the same id is a new message: delivered again.
+    assert isinstance(r.on_publish(Publish("t", b"", 1, packet_id=3)), Deliver)
+
+
+def test_receiver_unknown_pubrel_still_gets_pubcomp() -> None:
+    assert ReceiverSession(MQTT_5).on_pubrel(Pubrel(8)) == Reply(Pubcomp(8, 0x92))
+    assert ReceiverSession(MQTT_311).on_pubrel(Pubrel(8)) == Reply(Pubcomp(8))
+
+
+def test_receiver_refusal_frees_the_id_5_0_4_3_3_9() -> None:
+    r = ReceiverSession(MQTT_5)
+    p = Publish("t", b"bad", 2, packet_id=11)
+    r.on_publish(p)
+    assert r.refuse(p, 0x99) == Pubrec(11, 0x99)
+    assert isinstance(r.on_publish(p), Deliver)
+
+
+def test_receiver_session_lost_forgets_pending_ids() -> None:
+    r = ReceiverSession(MQTT_311, pending={1, 2})
+    r.on_connack(False)
+    assert not r.pending
