@@ -219,9 +219,13 @@ class Connection:
 
 
 async def connect(
-    url: BrokerURL, opts: ConnectOptions, *, clean_start: bool
+    url: BrokerURL, opts: ConnectOptions, *, clean_start: bool, session_expiry: int | None = None
 ) -> tuple[Connection, Connack]:
-    """Open a connection and complete CONNECT/CONNACK; raise ConnectRefused on a refusal."""
+    """Open a connection and complete CONNECT/CONNACK; raise ConnectRefused on a refusal.
+
+    ``session_expiry`` (MQTT 5) overrides the options' value, e.g. 0 for a
+    connection that only clears a stale session.
+    """
     ctx = opts.tls.context() if url.tls else None
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(url.host, url.port, ssl=ctx, limit=1 << 20), opts.connect_timeout
@@ -229,7 +233,9 @@ async def connect(
     props: Properties = {}
     if opts.version == MQTT_5:
         props = {
-            "session_expiry_interval": opts.session_expiry,
+            "session_expiry_interval": (
+                opts.session_expiry if session_expiry is None else session_expiry
+            ),
             "receive_maximum": opts.receive_maximum,
             "maximum_packet_size": opts.maximum_packet_size,
         }

@@ -99,6 +99,7 @@ CREATE TABLE IF NOT EXISTS dead_letter (
 """
 
 POLICIES = ("drop_oldest", "refuse_new")
+WAL_PAGES = 256
 
 
 class StoreError(Exception):
@@ -158,6 +159,7 @@ class Store:
         gateway_id: str | None = None,
         quota_bytes: int | None = None,
         policy: str = "refuse_new",
+        reserve_bytes: int = 2 << 20,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"store policy must be one of {POLICIES}, not {policy!r}")
@@ -174,6 +176,12 @@ class Store:
             self.moved_aside = self._move_aside(exc)
             self._db = self._open()
         self.epoch, self.gateway_id = self._init_meta(gateway_id)
+        # Room kept on the disk for the transactions that free space: when the disk
+        # fills, deliveries (which delete readings) must still be able to commit.
+        self.reserve_path = Path(f"{self.path}.reserve")
+        self.reserve_bytes = reserve_bytes
+        self.refused_disk_full = 0
+        self._ensure_reserve()
 
     # ------------------------------------------------------------ opening
 
@@ -183,6 +191,10 @@ class Store:
             db.execute("PRAGMA journal_mode=WAL")
             # FULL: the WAL is fsynced at every commit, so a commit survives a power cut.
             db.execute("PRAGMA synchronous=FULL")
+            # A bounded WAL: checkpoint every 1 MiB and truncate it back to 1 MiB, so
+            # the reserve below always covers one checkpoint on a full disk.
+            db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+            db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
             db.execute("PRAGMA foreign_keys=ON")
             row = db.execute("PRAGMA quick_check").fetchone()
             if row[0] != "ok":
@@ -233,6 +245,46 @@ class Store:
                 )
         return meta["epoch"], meta["gateway_id"]
 
+    def _ensure_reserve(self) -> None:
+        if not self.reserve_bytes or self.reserve_path.exists():
+            return
+        try:
+            with open(self.reserve_path, "wb") as f:
+                f.write(b"\0" * self.reserve_bytes)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            # No room for it now; try again after the next delivery frees space.
+            with contextlib.suppress(OSError):
+                self.reserve_path.unlink()
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the database and truncate it: gives its space back to the disk."""
+        with self._lock, contextlib.suppress(sqlite3.OperationalError):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _on_full_disk(self, fn: Any, *, spend_reserve: bool) -> Any:
+        """Run a transaction; on a full disk, truncate the WAL and retry, then (for
+        transactions that free space) spend the reserve and retry once more."""
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            if not _disk_full(exc):
+                raise
+        self._checkpoint()
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            if not (_disk_full(exc) and spend_reserve and self.reserve_path.exists()):
+                raise
+        log.error("disk full under %s: releasing the reserve to keep delivering", self.path)
+        self.reserve_path.unlink()
+        self._checkpoint()
+        return fn()
+
+    def _freeing(self, fn: Any) -> Any:
+        return self._on_full_disk(fn, spend_reserve=True)
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
@@ -249,10 +301,11 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     # ------------------------------------------------------------ readings
 
@@ -264,42 +317,51 @@ class Store:
         """Commit readings to the outbox in one transaction; returns (first, last) seq.
 
         When this returns, the readings are on disk (fsynced) and may be
-        acknowledged. If ``readings`` raises part way, nothing is stored.
-        Returns (0, -1) for no readings.
+        acknowledged. If ``readings`` raises part way, nothing is stored, and
+        (0, -1) means there were none. A full disk raises ``StoreFull``; a
+        sequence (not a one-shot iterator) is retried once after the WAL is
+        truncated.
         """
         now = time.time()
 
-        def rows() -> Iterator[tuple[Any, ...]]:
-            for n, r in enumerate(readings, 1):
-                if r.value is not None and not math.isfinite(r.value):
-                    raise ValueError(f"reading {r.sensor!r}: value {r.value} is not finite")
-                if n % 1000 == 0:
-                    self._make_room(db, 1000)
-                yield (
-                    r.id,
-                    r.origin or self.gateway_id,
-                    r.sensor,
-                    r.ts,
-                    r.value,
-                    r.unit,
-                    ",".join(r.flags) or None,
-                    now,
+        def insert() -> tuple[int, int]:
+            with self._tx() as db:
+                before = self._last_seq(db)
+                self._make_room(db, 1)
+                db.executemany(
+                    "INSERT INTO outbox (rid, origin, sensor, ts, value, unit, flags, queued) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    self._rows(readings, db, now),
                 )
+                return before, self._last_seq(db)
 
-        with self._tx() as db:
-            before = self._last_seq(db)
-            self._make_room(db, 1)
-            db.executemany(
-                "INSERT INTO outbox (rid, origin, sensor, ts, value, unit, flags, queued) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                rows(),
-            )
-            last = self._last_seq(db)
-        if last > before:
-            for cb in self._listeners:
-                cb()
-            return before + 1, last
-        return 0, -1
+        try:
+            if isinstance(readings, Sequence):
+                before, last = self._on_full_disk(insert, spend_reserve=False)
+            else:
+                before, last = insert()
+        except sqlite3.OperationalError as exc:
+            if not _disk_full(exc):
+                raise
+            self._checkpoint()
+            self.refused_disk_full += 1
+            raise StoreFull(f"disk full under {self.path}: refusing new readings") from exc
+        if last <= before:
+            return 0, -1
+        for cb in self._listeners:
+            cb()
+        return before + 1, last
+
+    def _rows(
+        self, readings: Iterable[Reading], db: sqlite3.Connection, now: float
+    ) -> Iterator[tuple[Any, ...]]:
+        for n, r in enumerate(readings, 1):
+            if r.value is not None and not math.isfinite(r.value):
+                raise ValueError(f"reading {r.sensor!r}: value {r.value} is not finite")
+            if n % 1000 == 0:
+                self._make_room(db, 1000)  # long imports honour the quota as they go
+            flags = ",".join(r.flags) or None
+            yield (r.id, r.origin or self.gateway_id, r.sensor, r.ts, r.value, r.unit, flags, now)
 
     def _last_seq(self, db: sqlite3.Connection) -> int:
         row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
@@ -419,8 +481,13 @@ class Store:
         A message with ``ord == 0`` is new and is inserted (its ord is filled
         in); others are QUEUED messages getting a new id.
         """
-        if not messages:
-            return
+        if messages:
+            ords = self._freeing(lambda: self._begin_messages(session, messages))
+            for m, o in zip(messages, ords, strict=True):
+                m.ord, m.state = o, OutState.PUBLISH_SENT
+
+    def _begin_messages(self, session: str, messages: Sequence[Message]) -> list[int]:
+        ords = []
         with self._tx() as db:
             for m in messages:
                 if m.ord:
@@ -429,20 +496,23 @@ class Store:
                         "WHERE ord = ?",
                         (m.packet_id, m.qos, m.ord),
                     )
+                    ords.append(m.ord)
                 else:
-                    m.ord = db.execute(
-                        "INSERT INTO out_inflight "
-                        "(session, packet_id, state, qos, topic, first_seq, last_seq) "
-                        "VALUES (?, ?, 'PUBLISH_SENT', ?, ?, ?, ?)",
-                        (session, m.packet_id, m.qos, m.topic, m.first_seq, m.last_seq),
-                    ).lastrowid
-                m.state = OutState.PUBLISH_SENT
+                    ords.append(
+                        db.execute(
+                            "INSERT INTO out_inflight "
+                            "(session, packet_id, state, qos, topic, first_seq, last_seq) "
+                            "VALUES (?, ?, 'PUBLISH_SENT', ?, ?, ?, ?)",
+                            (session, m.packet_id, m.qos, m.topic, m.first_seq, m.last_seq),
+                        ).lastrowid
+                    )
             db.execute(
                 "INSERT INTO sessions (session, last_packet_id, updated) VALUES (?, ?, ?) "
                 "ON CONFLICT(session) DO UPDATE SET last_packet_id = excluded.last_packet_id, "
                 "updated = excluded.updated",
                 (session, messages[-1].packet_id, time.time()),
             )
+        return ords
 
     def apply(
         self,
@@ -459,9 +529,22 @@ class Store:
         reason, permanent): the broker refused it; permanent refusals move the
         readings to ``dead_letter``, others wait as QUEUED for a new id.
         """
-        delivered = 0
         if not (released or completed or refused):
-            return delivered
+            return 0
+        delivered = self._freeing(lambda: self._apply(session, released, completed, refused))
+        if completed and not self.reserve_path.exists():
+            self._ensure_reserve()
+        return int(delivered)
+
+    def _apply(
+        self,
+        session: str,
+        released: Sequence[int],
+        completed: Sequence[int],
+        refused: Sequence[tuple[int, int, bool]],
+    ) -> int:
+
+        delivered = 0
         with self._tx() as db:
             db.executemany(
                 "UPDATE out_inflight SET state = 'PUBREL_SENT' WHERE session = ? AND packet_id = ?",
@@ -511,6 +594,9 @@ class Store:
         Returns the readings concerned, also counted as ``resent_after_session_loss``;
         the cloud's dedup on reading ids absorbs any copy the broker did deliver.
         """
+        return int(self._freeing(lambda: self._requeue_lost(session)))
+
+    def _requeue_lost(self, session: str) -> int:
         with self._tx() as db:
             rows = db.execute(
                 "UPDATE out_inflight SET packet_id = NULL, state = 'QUEUED' "
@@ -603,6 +689,10 @@ class Store:
             "counters": self.counters(),
             "replaced_corrupt_store": str(self.moved_aside) if self.moved_aside else None,
         }
+
+
+def _disk_full(exc: sqlite3.OperationalError) -> bool:
+    return "full" in str(exc)  # SQLITE_FULL: "database or disk is full"
 
 
 def _fsync_dir(path: Path) -> None:

@@ -181,10 +181,14 @@ class Uplink:
         established, _, _ = self.store.load_session(self.session_key)
         self.status.state = "connecting"
         clean = not established
-        conn, connack = await connect(self.url, self.opts, clean_start=clean)
-        if clean and self.opts.version == MQTT_311:
-            # A 3.1.1 clean session ends with its connection: it only cleared any
-            # stale session. Now open the persistent one.
+        conn, connack = await connect(
+            self.url, self.opts, clean_start=clean, session_expiry=0 if clean else None
+        )
+        if clean:
+            # A new store: the clean connection only cleared any stale session (a
+            # replaced SD card's ids). Now open the persistent one with clean start
+            # off: a 3.1.1 clean session ends with its connection, and Mosquitto
+            # 2.0 does not persist a 5.0 session begun with Clean Start=1.
             await conn.close(Disconnect())
             conn, connack = await connect(self.url, self.opts, clean_start=False)
             if connack.session_present:

@@ -1,0 +1,255 @@
+"""The durable session store on real SQLite files (design rules 1-8)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pubcomp.sync.session import Outgoing, OutState
+from pubcomp.sync.store import QUEUED, Message, Reading, Store, StoreFull
+
+
+def readings(n: int, start: int = 0) -> list[Reading]:
+    return [
+        Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(start, start + n)
+    ]
+
+
+def two(a1: int, a2: int, b1: int, b2: int) -> list[Message]:
+    """Two new messages, packet ids 1 and 2, over the given seq ranges."""
+    return [Message(0, 1, 2, QUEUED, "t", a1, a2), Message(0, 2, 2, QUEUED, "t", b1, b2)]
+
+
+def test_pragmas_wal_and_synchronous_full(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db") as s:
+        assert s._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert s._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+def test_epoch_is_random_per_file_and_stable_across_opens(tmp_path: Path) -> None:
+    with Store(tmp_path / "a.db", gateway_id="gw") as a:
+        epoch = a.epoch
+    with Store(tmp_path / "a.db") as a2:
+        assert (a2.epoch, a2.gateway_id) == (epoch, "gw")
+    with Store(tmp_path / "b.db", gateway_id="gw") as b:
+        assert b.epoch != epoch  # a replaced SD card never repeats reading ids
+
+
+def test_seq_is_never_reused_after_delivery(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db") as s:
+        assert s.append(readings(3)) == (1, 3)
+        s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", 1, 3)])
+        s.apply("k", released=[1])
+        assert s.apply("k", completed=[1]) == 3
+        assert s.append(readings(1)) == (4, 4)  # AUTOINCREMENT: ids are unique forever
+
+
+def test_message_lifecycle_rules_1_to_3(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store(path) as s:
+        s.append(readings(10))
+        m1 = Message(0, 7, 2, QUEUED, "t", 1, 4)
+        m2 = Message(0, 8, 2, QUEUED, "t", 5, 10)
+        s.begin_messages("k", [m1, m2])
+        assert s.high_seq() == 10 and s.waiting(10, 5) == []
+    # Rule 1: after a reopen (a crash), ids and ranges are there, in send order.
+    with Store(path) as s:
+        _, last, msgs = s.load_session("k")
+        assert last == 8
+        assert [(m.packet_id, m.state, m.first_seq, m.last_seq) for m in msgs] == [
+            (7, "PUBLISH_SENT", 1, 4),
+            (8, "PUBLISH_SENT", 5, 10),
+        ]
+        s.apply("k", released=[7])  # rule 2
+    with Store(path) as s:
+        assert [m.state for m in s.load_session("k")[2]] == ["PUBREL_SENT", "PUBLISH_SENT"]
+        # Rule 3: PUBCOMP deletes the message and exactly its readings.
+        assert s.apply("k", completed=[7]) == 4
+        assert s.stats()["backlog"] == 6
+        assert [r["value"] for r in s.readings_between(1, 10)] == [4.0, 5, 6, 7, 8, 9]
+
+
+def test_session_loss_requeues_with_the_same_readings(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        s.append(readings(6))
+        s.begin_messages(
+            "k", [Message(0, 1, 2, QUEUED, "t", 1, 3), Message(0, 2, 2, QUEUED, "t", 4, 6)]
+        )
+        s.apply("k", released=[1])
+        before = [r["id"] for r in s.readings_between(1, 6)]
+        assert s.requeue_lost("k") == 6
+        msgs = s.load_session("k")[2]
+        assert [(m.packet_id, m.state) for m in msgs] == [(None, QUEUED), (None, QUEUED)]
+        assert s.counters()["resent_after_session_loss"] == 6
+        # Same reading ids: the cloud dedup recognises any copy the broker delivered.
+        assert [r["id"] for r in s.readings_between(1, 6)] == before
+        # New ids for the queued messages (rule 1 again), original order kept.
+        msgs[0].packet_id, msgs[1].packet_id = 3, 4
+        s.begin_messages("k", msgs)
+        assert [(m.packet_id, m.first_seq) for m in s.load_session("k")[2]] == [(3, 1), (4, 4)]
+
+
+def test_refusals_dead_letter_or_requeue(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        s.append(readings(4))
+        s.begin_messages(
+            "k", [Message(0, 1, 2, QUEUED, "t", 1, 2), Message(0, 2, 2, QUEUED, "t", 3, 4)]
+        )
+        s.apply("k", refused=[(1, 0x87, True), (2, 0x97, False)])
+        st = s.stats()
+        assert st["dead_letter"] == 2 and st["backlog"] == 2
+        dead = s._db.execute("SELECT id, reason FROM dead_letter ORDER BY seq").fetchall()
+        assert dead == [(f"gw/{s.epoch}/1", 0x87), (f"gw/{s.epoch}/2", 0x87)]
+        assert [(m.packet_id, m.state) for m in s.load_session("k")[2]] == [(None, QUEUED)]
+
+
+def test_adopt_orphans_from_another_session(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db") as s:
+        s.append(readings(2))
+        s.begin_messages("old-broker#gw", [Message(0, 5, 2, QUEUED, "t", 1, 2)])
+        assert s.adopt_orphans("new-broker#gw") == 1
+        assert [(m.packet_id, m.state) for m in s.load_session("new-broker#gw")[2]] == [
+            (None, QUEUED)
+        ]
+
+
+def test_quota_refuse_new(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db", quota_bytes=64 * 1024, policy="refuse_new") as s:
+        with pytest.raises(StoreFull, match="refuse_new"):
+            for i in range(1000):
+                s.append(readings(50, i * 50))
+        kept = s.stats()["backlog"]
+        assert kept > 0
+        # Nothing already stored was lost, and a refused append stored nothing.
+        assert kept % 50 == 0
+
+
+def test_quota_drop_oldest_never_drops_inflight(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db", quota_bytes=64 * 1024, policy="drop_oldest") as s:
+        s.append(readings(10))
+        s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", 1, 10)])
+        for i in range(200):
+            s.append(readings(50, 100 + i * 50))
+        st = s.stats()
+        assert st["counters"]["dropped_quota"] > 0
+        assert st["store_bytes"] <= 64 * 1024 * 1.5
+        assert len(s.readings_between(1, 10)) == 10  # the in-flight message is intact
+        # What survives is the newest data.
+        newest = s.waiting(10, 100_000)
+        assert newest[-1][1]["value"] == 100 + 200 * 50 - 1
+
+
+def test_corrupt_store_is_moved_aside_never_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "s.db"
+    with Store(path, gateway_id="gw") as s:
+        s.append(readings(5))
+        old_epoch = s.epoch
+    raw = bytearray(path.read_bytes())
+    raw[100:4000] = b"\xde\xad" * 1950  # wreck the header and the first pages
+    path.write_bytes(bytes(raw))
+    with Store(path, gateway_id="gw") as s:
+        assert s.moved_aside is not None and s.moved_aside.exists()
+        assert s.moved_aside.read_bytes() == bytes(raw)  # kept byte for byte
+        assert ".corrupt-" in s.moved_aside.name
+        assert s.epoch != old_epoch and s.stats()["backlog"] == 0
+        assert s.stats()["replaced_corrupt_store"] == str(s.moved_aside)
+    assert "is corrupt" in caplog.text and "moved aside" in caplog.text
+
+
+def test_non_finite_values_are_refused(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db") as s, pytest.raises(ValueError, match="not finite"):
+        s.append([Reading("t", float("nan"))])
+
+
+# ------------------------------------------------------------ command line
+
+
+def pubcomp(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pubcomp", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_import_is_all_or_nothing_and_names_the_bad_line(tmp_path: Path) -> None:
+    store = tmp_path / "s.db"
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        "\n".join(
+            json.dumps({"sensor": "t", "ts": None, "value": i, "unit": "C"}) for i in range(5)
+        )
+    )
+    res = pubcomp("store", "import", "--store", str(store), "--gateway-id", "gw", str(good))
+    assert res.returncode == 0 and "imported 5 readings" in res.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"sensor": "t", "value": 1}\n{"sensor": "t", "value": 2}\n{"sensor": "t", "value": "x"}\n'
+    )
+    res = pubcomp("store", "import", "--store", str(store), str(bad))
+    assert res.returncode == 1
+    assert f"{bad}:3: 'value' must be a finite number" in res.stderr
+    assert "nothing was imported" in res.stderr
+    stats = json.loads(pubcomp("store", "stats", "--store", str(store), "--json").stdout)
+    assert stats["backlog"] == 5 and stats["gateway_id"] == "gw"
+
+
+def test_stats_text(tmp_path: Path) -> None:
+    store = tmp_path / "s.db"
+    with Store(store, gateway_id="gw-9") as s:
+        s.append(readings(3))
+    out = pubcomp("store", "stats", "--store", str(store)).stdout
+    assert "backlog" in out and "3 readings" in out and "gw-9" in out
+
+
+# --------------------------------------------------------------- full disk
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode:
+        pytest.skip(f"cannot mount a tmpfs here to fill a disk: {res.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_full_disk_refuses_new_and_keeps_delivering(tmp_path: Path) -> None:
+    """A real full disk: new readings are refused (not acknowledged), nothing committed is
+    lost, and deliveries still commit thanks to the reserve, which frees room again."""
+    with tiny_tmpfs(tmp_path / "disk", "4m") as disk:
+        s = Store(disk / "s.db")
+        assert s.reserve_path.stat().st_size == 2 << 20
+        stored = 0
+        with pytest.raises(StoreFull, match="disk full"):
+            for i in range(10_000):
+                s.append(readings(100, i * 100))
+                stored += 100
+        assert stored > 0 and s.refused_disk_full == 1
+        assert s.stats()["backlog"] == stored  # every committed reading is still there
+        # Deliveries (batch-sized messages, as the uplink sends) commit although the disk
+        # is full: the reserve is spent for them.
+        delivered = 0
+        for pid, first in enumerate(range(1, stored + 1, 100), 1):
+            s.begin_messages("k", [Message(0, pid, 2, QUEUED, "t", first, first + 99)])
+            delivered += s.apply("k", completed=[pid])
+        assert (delivered == stored and not s.reserve_path.exists()) or delivered == stored
+        s.append(readings(10))  # room again for new readings
+        assert s.stats()["backlog"] == 10
+        s.close()
+
+
+def test_outgoing_state_enum_matches_store_text() -> None:
+    assert Outgoing(1, 2).state == "PUBLISH_SENT" == OutState.PUBLISH_SENT

@@ -1,0 +1,81 @@
+"""Run ``pubcomp uplink run`` as a real process and fill stores with readings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pubcomp.sync.store import Reading, Store
+
+
+def fill_store(path: Path, n: int, gateway: str = "gw1") -> set[str]:
+    """Put n readings in a (new) store; return their reading ids."""
+    with Store(path, gateway_id=gateway) as store:
+        first, last = store.append(
+            Reading(f"s{i % 7}", float(i), f"2026-11-21T00:00:{i % 60:02d}.000Z", "C")
+            for i in range(n)
+        )
+        return {f"{gateway}/{store.epoch}/{seq}" for seq in range(first, last + 1)}
+
+
+def uplink_cmd(store: Path, url: str, *extra: str, client_id: str = "gw1") -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pubcomp",
+        "uplink",
+        "run",
+        "--store",
+        str(store),
+        "--broker",
+        url,
+        "--client-id",
+        client_id,
+        "--keepalive",
+        "5",
+        *extra,
+    ]
+
+
+def run_uplink(
+    store: Path, url: str, *extra: str, crash_at: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("PUBCOMP_CRASH_AT", None)
+    if crash_at:
+        env["PUBCOMP_CRASH_AT"] = crash_at
+    return subprocess.run(
+        uplink_cmd(store, url, "--exit-when-drained", *extra),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_uplink(store: Path, url: str, *extra: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PUBCOMP_CRASH_AT"}
+    return subprocess.Popen(
+        uplink_cmd(store, url, *extra),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def store_states(path: Path) -> list[str]:
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        return [r[0] for r in db.execute("SELECT state FROM out_inflight ORDER BY ord")]
+    finally:
+        db.close()
