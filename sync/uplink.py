@@ -34,7 +34,17 @@ from .client import (
 )
 from .codec import ProtocolError
 from .faults import crash_point
-from .packets import MQTT_5, MQTT_311, Disconnect, Puback, Pubcomp, Publish, Pubrec, Pubrel
+from .packets import (
+    MQTT_5,
+    MQTT_311,
+    Disconnect,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Reason,
+)
 from .session import (
     PERMANENT_REFUSALS,
     Completed,
@@ -385,7 +395,9 @@ class _Link:
                 replies.append(Puback(pkt.packet_id) if pkt.qos == 1 else Pubrec(pkt.packet_id))  # type: ignore[arg-type]
                 continue
             elif isinstance(pkt, Pubrel):
-                replies.append(Pubcomp(pkt.packet_id))
+                # We hold no inbound QoS 2 state: say so in 5.0 (0x92), and complete it.
+                code = Reason.PACKET_IDENTIFIER_NOT_FOUND if self.conn.version == MQTT_5 else 0
+                replies.append(Pubcomp(pkt.packet_id, code))
                 continue
             else:
                 status.ignored[f"unexpected {type(pkt).__name__}"] += 1

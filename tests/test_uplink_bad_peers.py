@@ -1,0 +1,201 @@
+"""A scripted fake broker that misbehaves: the uplink must not crash, must send the right
+packets, and must lose nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pubcomp.sync.client import ConnectOptions
+from pubcomp.sync.codec import Decoder, ProtocolError, encode
+from pubcomp.sync.packets import (
+    MQTT_5,
+    Connack,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+)
+from pubcomp.sync.store import Store
+from pubcomp.sync.uplink import Uplink, UplinkConfig
+
+from tests.uplink_helpers import fill_store
+
+# script(publish, nth_publish_seen) -> what to send back: packets or raw bytes
+Script = Callable[[Publish, int], list[Any]]
+
+
+def normal(pub: Publish, n: int) -> list[Any]:
+    return [Pubrec(pub.packet_id)]  # type: ignore[arg-type]
+
+
+class FakeBroker:
+    """Speaks MQTT 5 through pubcomp's codec; delivers on PUBREL, like Mosquitto."""
+
+    def __init__(self, script: Script = normal, extra_on_connect: list[Any] | None = None):
+        self.script = script
+        self.extra_on_connect = extra_on_connect or []
+        self.delivered: collections.Counter[str] = collections.Counter()
+        self.held: dict[int, Publish] = {}  # QoS 2 messages received, awaiting PUBREL
+        self.seen: list[Any] = []  # every packet the uplink sent
+        self.publishes = 0
+        self.connections = 0
+        self.has_session = False
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _client(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        dec = Decoder(None)
+        self.connections += 1
+
+        def send(*items: Any) -> None:
+            for it in items:
+                w.write(it if isinstance(it, bytes) else encode(it, MQTT_5))
+
+        try:
+            while data := await r.read(65536):
+                for pkt in dec.feed(data):
+                    self.seen.append(pkt)
+                    if isinstance(pkt, Connect):
+                        present = self.has_session and not pkt.clean_start
+                        self.has_session = pkt.properties.get("session_expiry_interval", 0) > 0
+                        if pkt.clean_start:
+                            self.held.clear()
+                        send(Connack(present, 0, {"receive_maximum": 5}), *self.extra_on_connect)
+                    elif isinstance(pkt, Publish):
+                        self.publishes += 1
+                        if pkt.packet_id not in self.held:
+                            self.held[pkt.packet_id] = pkt  # type: ignore[index]
+                        replies = self.script(pkt, self.publishes)
+                        for rep in replies:
+                            if isinstance(rep, Pubrec) and rep.reason_code >= 0x80:
+                                self.held.pop(pkt.packet_id, None)  # type: ignore[arg-type]
+                        send(*replies)
+                    elif isinstance(pkt, Pubrel):
+                        held = self.held.pop(pkt.packet_id, None)
+                        if held is not None:
+                            for rd in json.loads(held.payload)["readings"]:
+                                self.delivered[rd["id"]] += 1
+                        send(Pubcomp(pkt.packet_id))
+                    elif isinstance(pkt, Pingreq):
+                        send(Pingresp())
+                    elif isinstance(pkt, Disconnect):
+                        return
+                await w.drain()
+        except (ProtocolError, ConnectionError):
+            pass
+        finally:
+            w.close()
+
+
+def run_uplink_against(
+    tmp_path: Path, broker: FakeBroker, n: int = 200, timeout: float = 30
+) -> tuple[Uplink, set[str]]:
+    store_path = tmp_path / "gw.db"
+    expected = fill_store(store_path, n)
+
+    async def main() -> Uplink:
+        port = await broker.start()
+        store = Store(store_path)
+        up = Uplink(
+            store,
+            f"mqtt://127.0.0.1:{port}",
+            ConnectOptions("gw1", MQTT_5, keepalive=5),
+            UplinkConfig(batch=10),
+        )
+        await asyncio.wait_for(up.run(exit_when_drained=True), timeout)
+        broker.server.close()
+        return up
+
+    return asyncio.run(main()), expected
+
+
+def sent(broker: FakeBroker, cls: type) -> list[Any]:
+    return [p for p in broker.seen if isinstance(p, cls)]
+
+
+def pubrel_after_refusal(broker: FakeBroker, nth_publish: int) -> bool:
+    """Did the uplink send a PUBREL for the n-th PUBLISH's id before that id's next PUBLISH?"""
+    seen = broker.seen
+    idx = [i for i, p in enumerate(seen) if isinstance(p, Publish)][nth_publish - 1]
+    pid = seen[idx].packet_id
+    for p in seen[idx + 1 :]:
+        if isinstance(p, Publish) and p.packet_id == pid:
+            return False
+        if isinstance(p, Pubrel) and p.packet_id == pid:
+            return True
+    return False
+
+
+def test_pubrec_quota_exceeded_retries_with_a_new_id_without_pubrel(tmp_path: Path) -> None:
+    """5.0 4.3.3-4: no PUBREL after a PUBREC >= 0x80; 4.4.0-2: never retransmitted as DUP."""
+
+    def script(pub: Publish, n: int) -> list[Any]:
+        return [Pubrec(pub.packet_id, 0x97 if n == 1 else 0)]  # type: ignore[arg-type]
+
+    broker = FakeBroker(script)
+    up, expected = run_uplink_against(tmp_path, broker)
+    assert not pubrel_after_refusal(broker, 1)
+    assert not any(p.dup for p in sent(broker, Publish))  # refused: a new message, not a DUP
+    assert set(broker.delivered) == expected and max(broker.delivered.values()) == 1
+    assert up.metrics()["refused_by_broker"] == 1
+
+
+def test_pubrec_not_authorized_dead_letters_and_goes_on(tmp_path: Path) -> None:
+    def script(pub: Publish, n: int) -> list[Any]:
+        return [Pubrec(pub.packet_id, 0x87 if n == 3 else 0)]  # type: ignore[arg-type]
+
+    broker = FakeBroker(script)
+    up, expected = run_uplink_against(tmp_path, broker)
+    assert not pubrel_after_refusal(broker, 3)
+    m = up.metrics()
+    assert m["dead_letter"] == 10 and m["backlog"] == 0
+    # Nothing is lost: the refused readings are kept in dead_letter, the rest delivered once.
+    dead = {r[0] for r in up.store._db.execute("SELECT id FROM dead_letter")}
+    assert dead | set(broker.delivered) == expected and not dead & set(broker.delivered)
+    assert max(broker.delivered.values()) == 1
+
+
+def test_unknown_pubrel_and_stray_pubcomp_are_answered_or_ignored(tmp_path: Path) -> None:
+    """MQTT-4.5.0-2-like politeness: an unknown PUBREL gets PUBCOMP 0x92; stray PUBCOMPs
+    (for a free id, or before PUBREL) change nothing."""
+
+    def script(pub: Publish, n: int) -> list[Any]:
+        pid = pub.packet_id
+        assert pid is not None
+        if n == 2:
+            return [Pubcomp(pid), Pubcomp(60000), Pubrec(pid)]  # PUBCOMP before PUBREC
+        return [Pubrec(pid)]
+
+    broker = FakeBroker(script, extra_on_connect=[Pubrel(4321)])
+    up, expected = run_uplink_against(tmp_path, broker)
+    answers = [p for p in sent(broker, Pubcomp) if p.packet_id == 4321]
+    assert answers and answers[0].reason_code == 0x92
+    assert set(broker.delivered) == expected and max(broker.delivered.values()) == 1
+    assert up.status.ignored  # counted, not crashed
+
+
+def test_malformed_packet_closes_the_connection_and_resumes(tmp_path: Path) -> None:
+    """MQTT-4.8.0-1: a malformed packet closes the connection; the session resumes after."""
+
+    def script(pub: Publish, n: int) -> list[Any]:
+        if n == 4:
+            # A PUBREL from the broker with flags 0000 instead of 0010 (MQTT-3.6.1-1).
+            return [b"\x60\x02\x00\x01"]
+        return [Pubrec(pub.packet_id)]  # type: ignore[arg-type]
+
+    broker = FakeBroker(script)
+    up, expected = run_uplink_against(tmp_path, broker)
+    assert broker.connections >= 3  # clean + persistent, then the reconnect
+    assert set(broker.delivered) == expected and max(broker.delivered.values()) == 1
+    assert "ProtocolError" in (up.status.last_error or "")
