@@ -10,6 +10,7 @@ import math
 import signal
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +59,34 @@ def parse_jsonl(path: Path) -> Iterator[Reading]:
             for key in ("ts", "unit", "origin"):
                 if obj.get(key) is not None and not isinstance(obj[key], str):
                     raise BadLine(f"{path}:{n}: '{key}' must be a string")
+            ts = obj.get("ts")
+            if ts is not None:
+                try:
+                    ts = normalise_ts(ts)
+                except ValueError as exc:
+                    raise BadLine(f"{path}:{n}: 'ts' {exc}") from None
             flags = obj.get("flags", [])
             if not isinstance(flags, list) or not all(isinstance(x, str) for x in flags):
                 raise BadLine(f"{path}:{n}: 'flags' must be a list of strings")
             yield Reading(
                 sensor,
                 None if value is None else float(value),
-                obj.get("ts"),
+                ts,
                 obj.get("unit"),
                 obj.get("origin"),
                 flags,
             )
+
+
+def normalise_ts(ts: str) -> str:
+    """Any ISO 8601 time with a zone, as UTC with milliseconds (the wire format's form)."""
+    try:
+        t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"is not an ISO 8601 time: {ts!r}") from None
+    if t.tzinfo is None:
+        raise ValueError(f"has no time zone: {ts!r} (add Z for UTC)")
+    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def store_import(args: argparse.Namespace) -> int:
@@ -106,6 +124,17 @@ def store_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory (Linux VmHWM), for the run summary."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def uplink_options(args: argparse.Namespace) -> ConnectOptions:
     return ConnectOptions(
         client_id=args.client_id,
@@ -135,6 +164,7 @@ def uplink_run(args: argparse.Namespace) -> int:
         asyncio.run(main())
     finally:
         summary: dict[str, Any] = uplink.metrics()
+        summary["peak_rss_mb"] = peak_rss_mb()
         store.close()
         print(json.dumps(summary), flush=True)
     return 0

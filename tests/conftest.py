@@ -3,9 +3,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import hypothesis  # noqa: F401  # imported early: see the note below
 import pytest
 
 from pubcomp.devbroker import Mosquitto
+
+# Twice, with a fresh install, CPython 3.11.7 raised "SystemError: AST constructor
+# recursion depth mismatch" while pytest's assertion rewriter compiled a hypothesis
+# module imported deep inside a test module's imports. Importing hypothesis here,
+# while pytest loads this file, compiles it early and shallow.
 
 
 @pytest.fixture

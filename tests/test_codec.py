@@ -7,6 +7,7 @@ import contextlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pubcomp.sync.codec import (
     PROPERTIES,
     Decoder,

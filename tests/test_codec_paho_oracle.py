@@ -14,6 +14,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+
 from pubcomp.sync.codec import Decoder, encode
 from pubcomp.sync.packets import (
     MQTT_5,

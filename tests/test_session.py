@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pubcomp.sync.packets import MQTT_5, MQTT_311, Puback, Pubcomp, Publish, Pubrec, Pubrel
 from pubcomp.sync.session import (
     Completed,

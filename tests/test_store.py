@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from pubcomp.sync.session import Outgoing, OutState
 from pubcomp.sync.store import QUEUED, Message, Reading, Store, StoreFull
 

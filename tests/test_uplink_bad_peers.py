@@ -26,7 +26,6 @@ from pubcomp.sync.packets import (
 )
 from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
-
 from tests.uplink_helpers import fill_store
 
 # script(publish, nth_publish_seen) -> what to send back: packets or raw bytes

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from pubcomp.sync.store import Store
 
 from pubcomp.checker import Checker, exactly_once_report
 from pubcomp.devbroker import Mosquitto
+from pubcomp.sync.store import Store
 from tests.uplink_helpers import fill_store, run_uplink, start_uplink, store_states, summary
 
 

@@ -1,0 +1,31 @@
+"""The benchmarks still run (tiny sizes; the figures themselves are in bench/README.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_uplink_drain_bench_runs_and_prints_its_ratios() -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "uplink_drain.py"),
+            "--readings",
+            "2000",
+            "--batch1-readings",
+            "300",
+            "--rss-readings",
+            "3000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "ratio" in res.stdout and "peak RSS" in res.stdout
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip().startswith(("100 ", "1 "))]
+    assert len(lines) == 2
