@@ -15,7 +15,15 @@ import paho.mqtt.client as mqtt
 
 
 class Checker:
-    def __init__(self, port: int, topic: str = "#", client_id: str = "checker", protocol: int = 5):
+    def __init__(
+        self,
+        port: int,
+        topic: str = "#",
+        client_id: str = "checker",
+        protocol: int = 5,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self.messages = 0
         self.bad_payloads = 0
@@ -31,6 +39,8 @@ class Checker:
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda *a: self._subscribed.set()
         self.client.reconnect_delay_set(0.05, 0.5)
+        if username is not None:
+            self.client.username_pw_set(username, password)
         self.port = port
 
     def _on_connect(self, client, userdata, flags, reason, properties):

@@ -5,6 +5,7 @@ set -euo pipefail
 
 need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)   # test certificates for mqtts://
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

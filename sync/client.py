@@ -28,6 +28,7 @@ from .packets import (
     Pingreq,
     Pingresp,
     Properties,
+    Reason,
 )
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,12 @@ async def connect(
         await conn.close()
         if opts.version == MQTT_311:
             raise ConnectRefused(connack.reason_code, CONNACK_311.get(connack.reason_code, "?"))
-        raise ConnectRefused(connack.reason_code, connack.properties.get("reason_string", ""))
+        try:
+            name = Reason(connack.reason_code).name.lower().replace("_", " ")
+        except ValueError:
+            name = "unknown reason"
+        text = connack.properties.get("reason_string") or name
+        raise ConnectRefused(connack.reason_code, text)
     if "server_keep_alive" in connack.properties:
         conn.keepalive = connack.properties["server_keep_alive"]
     conn.broker_max_packet_size = connack.properties.get("maximum_packet_size")

@@ -39,9 +39,18 @@ def normal(pub: Publish, n: int) -> list[Any]:
 class FakeBroker:
     """Speaks MQTT 5 through pubcomp's codec; delivers on PUBREL, like Mosquitto."""
 
-    def __init__(self, script: Script = normal, extra_on_connect: list[Any] | None = None):
+    def __init__(
+        self,
+        script: Script = normal,
+        extra_on_connect: list[Any] | None = None,
+        connack_props: dict[str, Any] | None = None,
+        answer_pings: bool = True,
+    ) -> None:
         self.script = script
         self.extra_on_connect = extra_on_connect or []
+        self.connack_props = {"receive_maximum": 5, **(connack_props or {})}
+        self.answer_pings = answer_pings
+        self.max_outstanding = 0  # most QoS>0 PUBLISHes unacknowledged at once
         self.delivered: collections.Counter[str] = collections.Counter()
         self.held: dict[int, Publish] = {}  # QoS 2 messages received, awaiting PUBREL
         self.seen: list[Any] = []  # every packet the uplink sent
@@ -70,11 +79,17 @@ class FakeBroker:
                         self.has_session = pkt.properties.get("session_expiry_interval", 0) > 0
                         if pkt.clean_start:
                             self.held.clear()
-                        send(Connack(present, 0, {"receive_maximum": 5}), *self.extra_on_connect)
+                        send(Connack(present, 0, self.connack_props), *self.extra_on_connect)
                     elif isinstance(pkt, Publish):
                         self.publishes += 1
+                        if pkt.qos == 1:
+                            for rd in json.loads(pkt.payload)["readings"]:
+                                self.delivered[rd["id"]] += 1
+                            send(*self.script(pkt, self.publishes))
+                            continue
                         if pkt.packet_id not in self.held:
                             self.held[pkt.packet_id] = pkt  # type: ignore[index]
+                        self.max_outstanding = max(self.max_outstanding, len(self.held))
                         replies = self.script(pkt, self.publishes)
                         for rep in replies:
                             if isinstance(rep, Pubrec) and rep.reason_code >= 0x80:
@@ -86,7 +101,7 @@ class FakeBroker:
                             for rd in json.loads(held.payload)["readings"]:
                                 self.delivered[rd["id"]] += 1
                         send(Pubcomp(pkt.packet_id))
-                    elif isinstance(pkt, Pingreq):
+                    elif isinstance(pkt, Pingreq) and self.answer_pings:
                         send(Pingresp())
                     elif isinstance(pkt, Disconnect):
                         return
@@ -98,7 +113,12 @@ class FakeBroker:
 
 
 def run_uplink_against(
-    tmp_path: Path, broker: FakeBroker, n: int = 200, timeout: float = 30
+    tmp_path: Path,
+    broker: FakeBroker,
+    n: int = 200,
+    timeout: float = 30,
+    config: UplinkConfig | None = None,
+    keepalive: int = 5,
 ) -> tuple[Uplink, set[str]]:
     store_path = tmp_path / "gw.db"
     expected = fill_store(store_path, n)
@@ -109,8 +129,8 @@ def run_uplink_against(
         up = Uplink(
             store,
             f"mqtt://127.0.0.1:{port}",
-            ConnectOptions("gw1", MQTT_5, keepalive=5),
-            UplinkConfig(batch=10),
+            ConnectOptions("gw1", MQTT_5, keepalive=keepalive),
+            config or UplinkConfig(batch=10),
         )
         await asyncio.wait_for(up.run(exit_when_drained=True), timeout)
         broker.server.close()
