@@ -307,3 +307,9 @@ def test_property_encoding_matches_paho() -> None:
     assert back.ReceiveMaximum == 20
     assert back.MaximumPacketSize == 65536
     assert back.UserProperty == [("site", "cabinet 7"), ("fw", "1.2")]
+
+
+def test_qos0_publish_has_no_packet_id_MQTT_2_3_1_5() -> None:
+    data = encode(Publish("a", b"x", 0, packet_id=9), MQTT_311)
+    assert data == b"\x30\x04\x00\x01ax"
+    assert decode_one(data, MQTT_311).packet_id is None  # type: ignore[union-attr]

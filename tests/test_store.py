@@ -254,3 +254,27 @@ def test_full_disk_refuses_new_and_keeps_delivering(tmp_path: Path) -> None:
 
 def test_outgoing_state_enum_matches_store_text() -> None:
     assert Outgoing(1, 2).state == "PUBLISH_SENT" == OutState.PUBLISH_SENT
+
+
+def test_receiver_ids_commit_with_the_data_rule_5(tmp_path: Path) -> None:
+    """A receiver stores what it got and the QoS 2 id in one transaction (before PUBREC)."""
+    path = tmp_path / "s.db"
+    with Store(path, gateway_id="gw") as s:
+        with s.transaction() as db:
+            s.qos2_record(db, "ingress#node-1", 17)
+            db.execute(
+                "INSERT INTO outbox (rid, origin, sensor, value, queued) "
+                "VALUES ('node-1/3/9.0', 'node-1', 't', 1.5, 0)"
+            )
+        with pytest.raises(RuntimeError), s.transaction() as db:
+            s.qos2_record(db, "ingress#node-1", 18)
+            raise RuntimeError("crash before commit")
+    with Store(path) as s:  # after a restart: id 17 and its reading, not 18
+        assert s.qos2_pending("ingress#node-1") == {17}
+        assert [r["id"] for r in s.readings_between(1, 10)] == ["node-1/3/9.0"]
+        s.qos2_forget("ingress#node-1", [17])
+        assert s.qos2_pending("ingress#node-1") == set()
+        with s.transaction() as db:
+            s.qos2_record(db, "ingress#node-2", 5)
+        s.qos2_reset("ingress#node-2")
+        assert s.qos2_pending("ingress#node-2") == set()

@@ -218,3 +218,22 @@ def test_malformed_packet_closes_the_connection_and_resumes(tmp_path: Path) -> N
     assert broker.connections >= 3  # clean + persistent, then the reconnect
     assert set(broker.delivered) == expected and max(broker.delivered.values()) == 1
     assert "ProtocolError" in (up.status.last_error or "")
+
+
+def test_pubrels_follow_the_order_of_pubrecs_MQTT_4_6_0_3(tmp_path: Path) -> None:
+    window: list[int] = []
+    pubrec_order: list[int] = []
+
+    def reversed_window(pub: Publish, n: int) -> list[Any]:
+        window.append(pub.packet_id)  # type: ignore[arg-type]
+        if len(window) < 5:
+            return []
+        out = [Pubrec(p) for p in reversed(window)]
+        pubrec_order.extend(reversed(window))
+        window.clear()
+        return out
+
+    broker = FakeBroker(reversed_window)
+    _, expected = run_uplink_against(tmp_path, broker)  # 20 messages, window of 5
+    assert [p.packet_id for p in sent(broker, Pubrel)] == pubrec_order
+    assert set(broker.delivered) == expected

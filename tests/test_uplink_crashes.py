@@ -8,6 +8,7 @@ subscriber sees every reading exactly once (MQTT-4.3.3-1, MQTT-4.4.0-1,
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -91,3 +92,30 @@ def test_random_kills_20000_readings(tmp_path: Path, mosquitto: Mosquitto) -> No
     report = exactly_once_report(counts, expected)
     assert report["missing"] == 0 and report["duplicated"] == 0, report
     assert report["unexpected"] == 0, report
+
+
+@pytest.mark.parametrize("protocol", [p for p, _ in PROTOCOLS], ids=["mqtt5", "mqtt311"])
+def test_sigterm_leaves_the_session_resumable(
+    tmp_path: Path, mosquitto: Mosquitto, protocol: str
+) -> None:
+    checker = Checker(mosquitto.port, "telemetry/#").start()
+    store = tmp_path / "gw.db"
+    expected = fill_store(store, 20_000)
+    try:
+        proc = start_uplink(store, mosquitto.url, "--protocol", protocol, "--batch", "2")
+        deadline = time.monotonic() + 20
+        while not checker.snapshot() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        first = json.loads(out.strip().splitlines()[-1])
+        assert first["backlog"] > 0, "stopped too late to show a resume"
+        res = run_uplink(store, mosquitto.url, "--protocol", protocol, "--batch", "2")
+        assert res.returncode == 0, res.stderr
+        counts = checker.wait_for(expected, 30)
+    finally:
+        checker.stop()
+    report = exactly_once_report(counts, expected)
+    assert report["missing"] == 0 and report["duplicated"] == 0, report
+    assert summary(res)["resent_after_session_loss"] == 0  # resumed, not lost
