@@ -1,0 +1,156 @@
+"""The interface between drivers and the gateway.
+
+A driver is an object with ``async run(sink)``: it runs until cancelled and
+calls the sink from the event loop's thread, never blocking it. The gateway's
+intake is the sink (it stamps ids and commits to the store); ``pubcomp sensor
+test`` prints to stdout; tests collect into lists.
+
+- ``sink.reading(r)``: one value of one sensor channel.
+- ``sink.fault(f)``: a broken frame, a bad checksum, a timeout, an unplugged
+  adapter, a power-on value: counted, reported, and the driver goes on.
+- ``sink.clock(c)``: a trusted UTC time from the sensor (GPS), so the gateway
+  can use it as a clock source while NTP is absent.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class SensorReading:
+    sensor: str  # the channel id, e.g. "rain.total"; the configured id plus a suffix
+    value: float | None
+    unit: str | None
+    ts: str = field(default_factory=utc_now)  # UTC ISO 8601 with milliseconds
+    flags: Sequence[str] = ()
+    # Monotonic time of the reading, so the gateway can correct ts once time syncs.
+    mono: float = field(default_factory=time.monotonic)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sensor": self.sensor,
+            "ts": self.ts,
+            "value": self.value,
+            "unit": self.unit,
+            "flags": list(self.flags),
+        }
+
+
+@dataclass(slots=True)
+class SensorFault:
+    sensor: str
+    kind: str  # bad_checksum, bad_frame, timeout, port_error, crc_error, power_on_value, ...
+    detail: str
+    ts: str = field(default_factory=utc_now)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sensor": self.sensor, "fault": self.kind, "detail": self.detail, "ts": self.ts}
+
+
+@dataclass(slots=True)
+class ClockFix:
+    source: str  # e.g. "gps"
+    utc: datetime
+    mono: float = field(default_factory=time.monotonic)
+
+
+class Sink(Protocol):
+    def reading(self, r: SensorReading) -> None: ...
+    def fault(self, f: SensorFault) -> None: ...
+    def clock(self, c: ClockFix) -> None: ...
+
+
+class BufferSink:
+    """Collects everything in order; usable from a worker thread, then ``replay``ed."""
+
+    def __init__(self) -> None:
+        self.readings: list[SensorReading] = []
+        self.faults: list[SensorFault] = []
+        self.clocks: list[ClockFix] = []
+        self._order: list[SensorReading | SensorFault | ClockFix] = []
+
+    def reading(self, r: SensorReading) -> None:
+        self.readings.append(r)
+        self._order.append(r)
+
+    def fault(self, f: SensorFault) -> None:
+        self.faults.append(f)
+        self._order.append(f)
+
+    def clock(self, c: ClockFix) -> None:
+        self.clocks.append(c)
+        self._order.append(c)
+
+    def replay(self, sink: Sink) -> None:
+        for item in self._order:
+            if isinstance(item, SensorReading):
+                sink.reading(item)
+            elif isinstance(item, SensorFault):
+                sink.fault(item)
+            else:
+                sink.clock(item)
+
+
+class ListSink(BufferSink):
+    """Collects everything, and lets a test wait for what it expects (event-loop only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = asyncio.Event()
+
+    def reading(self, r: SensorReading) -> None:
+        super().reading(r)
+        self.changed.set()
+
+    def fault(self, f: SensorFault) -> None:
+        super().fault(f)
+        self.changed.set()
+
+    def clock(self, c: ClockFix) -> None:
+        super().clock(c)
+        self.changed.set()
+
+    def values(self, sensor: str) -> list[float | None]:
+        return [r.value for r in self.readings if r.sensor == sensor]
+
+    def fault_kinds(self) -> list[str]:
+        return [f.kind for f in self.faults]
+
+    async def wait_for(self, predicate: Any, timeout: float = 10.0) -> None:
+        """Wait until ``predicate(self)`` holds (checked whenever something arrives)."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self):
+                self.changed.clear()
+                await self.changed.wait()
+
+
+class Driver(abc.ABC):
+    """Base of every driver: an id, counters, and ``run``."""
+
+    def __init__(self, sensor: str) -> None:
+        self.sensor = sensor
+        self.counters: collections.Counter[str] = collections.Counter()
+
+    @abc.abstractmethod
+    async def run(self, sink: Sink) -> None:
+        """Produce readings until cancelled."""
+
+    def report_fault(self, sink: Sink, kind: str, detail: str) -> None:
+        self.counters[kind] += 1
+        log.warning("sensor %s: %s: %s", self.sensor, kind, detail)
+        sink.fault(SensorFault(self.sensor, kind, detail))

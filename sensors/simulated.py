@@ -1,0 +1,52 @@
+"""Simulated signals for the demo and development: sine, random walk, counter."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+
+from .api import Driver, SensorReading, Sink
+
+SIGNALS = ("sine", "random_walk", "counter")
+
+
+class SimulatedSensor(Driver):
+    def __init__(
+        self,
+        sensor: str,
+        *,
+        signal: str = "sine",
+        unit: str | None = None,
+        interval_s: float = 1.0,
+        base: float = 20.0,
+        amplitude: float = 5.0,
+        period_s: float = 600.0,
+        step: float = 0.1,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(sensor)
+        if signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {SIGNALS}, not {signal!r}")
+        self.signal, self.unit, self.interval_s = signal, unit, interval_s
+        self.base, self.amplitude, self.period_s, self.step = base, amplitude, period_s, step
+        self._rng = random.Random(seed)
+        self._value = base
+        self._n = 0
+
+    def sample(self, t: float) -> float:
+        self._n += 1
+        if self.signal == "sine":
+            return round(self.base + self.amplitude * math.sin(2 * math.pi * t / self.period_s), 4)
+        if self.signal == "random_walk":
+            self._value += self._rng.gauss(0, self.step)
+            return round(self._value, 4)
+        return float(self._n)
+
+    async def run(self, sink: Sink) -> None:
+        start = time.monotonic()
+        while True:
+            now = time.monotonic()
+            sink.reading(SensorReading(self.sensor, self.sample(now - start), self.unit, mono=now))
+            await asyncio.sleep(self.interval_s)
