@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 
@@ -18,20 +18,3 @@ class Frame:
 class FrameError:
     kind: str  # bad_checksum, bad_frame
     detail: str
-
-
-@dataclass
-class ByteBuffer:
-    """A bounded receive buffer: a stream of junk can never grow it without limit."""
-
-    limit: int = 4096
-    data: bytearray = field(default_factory=bytearray)
-
-    def add(self, chunk: bytes) -> int:
-        """Append; returns how many old bytes were dropped to stay under the limit."""
-        self.data += chunk
-        over = len(self.data) - self.limit
-        if over > 0:
-            del self.data[:over]
-            return over
-        return 0

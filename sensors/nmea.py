@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from .frames import ByteBuffer, Frame, FrameError
+from .frames import Frame, FrameError
 
 MAX_SENTENCE = 120  # NMEA says 82; receivers overrun it a little
 
@@ -41,12 +41,12 @@ def _num(value: str) -> float | None:
 
 class NMEAParser:
     def __init__(self) -> None:
-        self.buf = ByteBuffer(limit=2048)
+        self.buf = bytearray()  # leftovers are bounded by feed: at most one partial frame
         self.skipped: dict[str, int] = {}
 
     def feed(self, data: bytes) -> list[Frame | FrameError]:
-        self.buf.add(data)
-        buf = self.buf.data
+        self.buf += data
+        buf = self.buf
         out: list[Frame | FrameError] = []
         while True:
             start = buf.find(b"$")
@@ -118,7 +118,10 @@ class NMEAParser:
         utc = None
         if valid:
             hh, mm, ss = int(f[1][0:2]), int(f[1][2:4]), float(f[1][4:])
-            day, month, year = int(f[9][0:2]), int(f[9][2:4]), 2000 + int(f[9][4:6])
+            yy = int(f[9][4:6])
+            # Two-digit year, pivoted as POSIX %y does (69-99 -> 19xx). The gateway
+            # still sanity-checks a GPS time before trusting it as a clock.
+            day, month, year = int(f[9][0:2]), int(f[9][2:4]), (1900 if yy >= 69 else 2000) + yy
             utc = datetime(year, month, day, hh, mm, int(ss), int(ss % 1 * 1e6), tzinfo=UTC)
             knots = _num(f[7])
             values["speed"] = (None if knots is None else round(knots * 0.514444, 3), "m/s")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 
-from .frames import ByteBuffer, Frame, FrameError
+from .frames import Frame, FrameError
 
 START = b"\x42\x4d"
 FRAME_LEN = 32
@@ -26,12 +26,12 @@ def encode_frame(pm1: int, pm25: int, pm10: int, counts: tuple[int, ...] = (0,) 
 
 class PMS5003Parser:
     def __init__(self) -> None:
-        self.buf = ByteBuffer()
+        self.buf = bytearray()  # leftovers are bounded by feed: at most one partial frame
         self.junk_bytes = 0
 
     def feed(self, data: bytes) -> list[Frame | FrameError]:
-        self.junk_bytes += self.buf.add(data)
-        buf = self.buf.data
+        self.buf += data
+        buf = self.buf
         out: list[Frame | FrameError] = []
         while True:
             i = buf.find(START)

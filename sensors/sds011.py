@@ -6,7 +6,7 @@ CHK = (d1 + ... + d6) & 0xFF. Command replies (``AA C5 ...``) are skipped.
 
 from __future__ import annotations
 
-from .frames import ByteBuffer, Frame, FrameError
+from .frames import Frame, FrameError
 
 HEAD, TAIL, DATA, REPLY = 0xAA, 0xAB, 0xC0, 0xC5
 
@@ -19,12 +19,12 @@ def encode_frame(pm25: float, pm10: float, device: int = 0xA1B2) -> bytes:
 
 class SDS011Parser:
     def __init__(self) -> None:
-        self.buf = ByteBuffer()
+        self.buf = bytearray()  # leftovers are bounded by feed: at most one partial frame
         self.junk_bytes = 0
 
     def feed(self, data: bytes) -> list[Frame | FrameError]:
-        self.junk_bytes += self.buf.add(data)
-        buf = self.buf.data
+        self.buf += data
+        buf = self.buf
         out: list[Frame | FrameError] = []
         while True:
             i = buf.find(bytes([HEAD]))

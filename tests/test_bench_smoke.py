@@ -29,3 +29,21 @@ def test_uplink_drain_bench_runs_and_prints_its_ratios() -> None:
     assert "ratio" in res.stdout and "peak RSS" in res.stdout
     lines = [ln for ln in res.stdout.splitlines() if ln.strip().startswith(("100 ", "1 "))]
     assert len(lines) == 2
+
+
+def test_sensors_bench_runs_and_prints_its_ratios() -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "sensors.py"),
+            "--pulses",
+            "2000",
+            "--frames",
+            "2000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "every pulse counted (2,000)" in res.stdout and "pynmea2" in res.stdout
