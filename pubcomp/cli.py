@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from . import __version__
 
 # Parts that contribute commands: each module defines register(subparsers).
-PARTS = ("pubcomp.sync.cli", "pubcomp.sensors.cli")
+PARTS = ("pubcomp.sync.cli", "pubcomp.sensors.cli", "pubcomp.gateway.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,1 @@
+"""The gateway daemon: fleet configuration, node ingress, intake, supervisor, health."""
