@@ -84,6 +84,11 @@ CREATE TABLE IF NOT EXISTS sessions (
     updated        REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS seen (
+    key  TEXT PRIMARY KEY,     -- a producer's message key, e.g. node/boot/seq
+    at   REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dead_letter (
     seq     INTEGER PRIMARY KEY,
     id      TEXT NOT NULL,
@@ -351,6 +356,70 @@ class Store:
         for cb in self._listeners:
             cb()
         return before + 1, last
+
+    def append_batches(
+        self,
+        batches: Sequence[tuple[str | None, Sequence[Reading]]],
+        state: dict[str, str] | None = None,
+    ) -> list[bool]:
+        """Commit several producers' batches in ONE transaction (one fsync), for group commit.
+
+        Each batch has an optional message key (``node/boot/seq``): a batch whose key
+        was seen before is not stored again and reports False (acknowledge it all the
+        same). ``state`` is saved in the same transaction (e.g. a pulse counter's
+        total, so it never runs ahead of or behind its committed readings).
+        Raises StoreFull (nothing stored) when the quota or the disk refuses.
+        """
+        now = time.time()
+        results: list[bool] = []
+
+        def commit() -> int:
+            results.clear()
+            n = 0
+            with self._tx() as db:
+                self._make_room(db, sum(len(b) for _, b in batches))
+                for key, readings in batches:
+                    if key is not None:
+                        cur = db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)", (key, now))
+                        if cur.rowcount == 0:
+                            results.append(False)
+                            continue
+                    db.executemany(
+                        "INSERT INTO outbox (rid, origin, sensor, ts, value, unit, flags, queued) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        self._rows(readings, db, now),
+                    )
+                    n += len(readings)
+                    results.append(True)
+                if state:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO state VALUES (?, ?)", list(state.items())
+                    )
+            return n
+
+        try:
+            stored = self._on_full_disk(commit, spend_reserve=False)
+        except sqlite3.OperationalError as exc:
+            if not _disk_full(exc):
+                raise
+            self.refused_disk_full += 1
+            raise StoreFull(f"disk full under {self.path}: refusing new readings") from exc
+        if stored:
+            for cb in self._listeners:
+                cb()
+        return list(results)
+
+    def get_state(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def prune_seen(self, older_than_s: float) -> int:
+        """Forget message keys older than this (a retry never comes that late)."""
+        with self._tx() as db:
+            return db.execute(
+                "DELETE FROM seen WHERE at < ?", (time.time() - older_than_s,)
+            ).rowcount
 
     def _rows(
         self, readings: Iterable[Reading], db: sqlite3.Connection, now: float

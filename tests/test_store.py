@@ -120,7 +120,7 @@ def test_adopt_orphans_from_another_session(tmp_path: Path) -> None:
 
 
 def test_quota_refuse_new(tmp_path: Path) -> None:
-    with Store(tmp_path / "s.db", quota_bytes=64 * 1024, policy="refuse_new") as s:
+    with Store(tmp_path / "s.db", quota_bytes=256 * 1024, policy="refuse_new") as s:
         with pytest.raises(StoreFull, match="refuse_new"):
             for i in range(1000):
                 s.append(readings(50, i * 50))
@@ -131,14 +131,14 @@ def test_quota_refuse_new(tmp_path: Path) -> None:
 
 
 def test_quota_drop_oldest_never_drops_inflight(tmp_path: Path) -> None:
-    with Store(tmp_path / "s.db", quota_bytes=64 * 1024, policy="drop_oldest") as s:
+    with Store(tmp_path / "s.db", quota_bytes=256 * 1024, policy="drop_oldest") as s:
         s.append(readings(10))
         s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", 1, 10)])
         for i in range(200):
             s.append(readings(50, 100 + i * 50))
         st = s.stats()
         assert st["counters"]["dropped_quota"] > 0
-        assert st["store_bytes"] <= 64 * 1024 * 1.5
+        assert st["store_bytes"] <= 256 * 1024 * 1.25
         assert len(s.readings_between(1, 10)) == 10  # the in-flight message is intact
         # What survives is the newest data.
         newest = s.waiting(10, 100_000)
@@ -278,3 +278,21 @@ def test_receiver_ids_commit_with_the_data_rule_5(tmp_path: Path) -> None:
             s.qos2_record(db, "ingress#node-2", 5)
         s.qos2_reset("ingress#node-2")
         assert s.qos2_pending("ingress#node-2") == set()
+
+
+def test_group_commit_with_message_keys_stores_each_message_once(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store(path, gateway_id="gw") as s:
+        r = [Reading("t", 1.0, None, "C", origin="node-1", id="node-1/3/9.0")]
+        assert s.append_batches(
+            [("node-1/3/9", r), ("node-2/1/1", readings(2)), (None, readings(1))],
+            state={"pulse:rain": "1012"},
+        ) == [True, True, True]
+        # A node retrying a message it never saw acknowledged: acknowledged, not stored again.
+        assert s.append_batches([("node-1/3/9", r), ("node-1/3/10", r)]) == [False, True]
+        assert s.stats()["backlog"] == 5
+        assert s.get_state("pulse:rain") == "1012"
+    with Store(path) as s:  # keys and state are durable
+        assert s.append_batches([("node-1/3/9", r)]) == [False]
+        assert s.prune_seen(older_than_s=-1) == 3
+        assert s.append_batches([("node-1/3/9", r)]) == [True]

@@ -1,0 +1,367 @@
+"""Node ingress: the gateway is the MQTT server its nodes publish to.
+
+A broker in between would acknowledge from RAM, so the gateway answers each
+PUBLISH itself, and only after the readings are committed (fsynced) to the
+store. Per node: credentials (user name = node id, scrypt hash in the fleet
+file), its own topic only (``nodes/{id}/readings``), payload and rate limits,
+the wire format's JSON Schema. A bad message is rejected and counted; nothing
+a node sends can crash the gateway or hold up another node.
+
+Exactly once: a message's key ``{node}/{boot}/{seq}`` is committed with its
+readings, so a repeated PUBLISH (a QoS 1 retry, a QoS 2 DUP, a retry after a
+gateway crash) is acknowledged and never stored twice. That makes QoS 2
+packet-id state redundant here: it is kept in memory only (see
+docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import ssl
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from pubcomp.sync.codec import Decoder, ProtocolError, encode
+from pubcomp.sync.packets import (
+    MQTT_5,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Reason,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from pubcomp.sync.session import Forget, Reack, ReceiverSession
+from pubcomp.sync.store import Reading, StoreFull
+
+from .config import IngressSection
+from .credentials import verify_password
+from .intake import Intake
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 10.0
+RECEIVE_MAXIMUM = 20
+HEADROOM = 512  # fixed header, topic and properties around a payload
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # json.loads would accept NaN and Infinity
+
+
+def _schema_validator() -> jsonschema.protocols.Validator:
+    text = resources.files("pubcomp.sync").joinpath("schemas/node-readings.v1.json").read_text()
+    return jsonschema.Draft202012Validator(json.loads(text))
+
+
+@dataclass
+class NodeStats:
+    connected: bool = False
+    last_seen: float | None = None  # wall clock
+    messages: int = 0
+    readings: int = 0
+    duplicates: int = 0
+    rejected: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+class RateLimiter:
+    """Token bucket: ``rate`` messages a second with a burst of ``burst``."""
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        self.rate = rate
+        self.burst = burst or max(1.0, rate)
+        self.tokens = self.burst
+        self.last = time.monotonic()
+
+    def delay(self) -> float:
+        """Seconds to wait before the next message may be taken (and take it)."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        self.tokens -= 1
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+class Ingress:
+    def __init__(
+        self,
+        intake: Intake,
+        nodes: dict[str, str],
+        config: IngressSection,
+        *,
+        clock_flags: Any = None,
+    ) -> None:
+        self.intake = intake
+        self.node_hashes = nodes  # node id -> scrypt hash
+        self.cfg = config
+        self.clock_flags = clock_flags or (lambda: ())
+        self.validator = _schema_validator()
+        self.stats: dict[str, NodeStats] = collections.defaultdict(NodeStats)
+        self.rejected_connections: collections.Counter[str] = collections.Counter()
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._live: dict[str, asyncio.StreamWriter] = {}
+
+    async def start(self) -> int:
+        ctx = None
+        if self.cfg.tls_cert:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
+        self._server = await asyncio.start_server(
+            self._accept, self.cfg.host, self.cfg.port, ssl=ctx, limit=1 << 20
+        )
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._live.values()):
+            w.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _accept(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.ensure_future(self._connection(r, w))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------ a node
+
+    async def _connection(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        peer = w.get_extra_info("peername")
+        dec = Decoder(None, self.cfg.max_payload_bytes + HEADROOM)
+        node: str | None = None
+        try:
+            connect, pending = await asyncio.wait_for(self._first_packet(r, dec), CONNECT_TIMEOUT)
+            node = await self._authenticate(connect, w, dec.version or MQTT_5)
+            if node is None:
+                return
+            await self._serve(node, connect, dec, pending, r, w)
+        except ProtocolError as exc:
+            # MQTT-4.8.0-1: close on a protocol violation (5.0: say why first).
+            who = node or str(peer)
+            log.warning("ingress: %s: protocol error: %s", who, exc)
+            if node:
+                self.stats[node].rejected["protocol_error"] += 1
+            if dec.version == MQTT_5:
+                with contextlib.suppress(Exception):
+                    w.write(encode(Disconnect(exc.reason), MQTT_5))
+                    await w.drain()
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except StoreFull as exc:
+            # Not acknowledged: the node keeps the message and retries later.
+            log.error("ingress: %s: not acknowledged, store full: %s", node, exc)
+            if node:
+                self.stats[node].rejected["store_full"] += 1
+        finally:
+            if node and self._live.get(node) is w:
+                del self._live[node]
+                self.stats[node].connected = False
+            w.close()
+            with contextlib.suppress(Exception):
+                await w.wait_closed()
+
+    async def _first_packet(
+        self, r: asyncio.StreamReader, dec: Decoder
+    ) -> tuple[Connect, list[Packet]]:
+        while True:
+            data = await r.read(65536)
+            if not data:
+                raise ConnectionError("closed before CONNECT")
+            pkts = dec.feed(data)
+            if pkts:
+                first = pkts[0]
+                assert isinstance(first, Connect)  # the decoder refuses anything else first
+                return first, pkts[1:]
+
+    async def _authenticate(self, c: Connect, w: asyncio.StreamWriter, version: int) -> str | None:
+        node = c.username or ""
+        known = self.node_hashes.get(node)
+        ok = (
+            known is not None
+            and c.password is not None
+            and await asyncio.to_thread(verify_password, c.password, known)
+        )
+        if ok and c.client_id not in ("", node):
+            ok = False  # a node connects as itself
+        if not ok:
+            self.rejected_connections[node or "(no user name)"] += 1
+            if node in self.node_hashes:
+                self.stats[node].rejected["bad_credentials"] += 1
+            code = Reason.BAD_USER_NAME_OR_PASSWORD if version == MQTT_5 else 4
+            w.write(encode(Connack(False, code), version))
+            await w.drain()
+            log.warning("ingress: refused connection for user %r", node)
+            return None
+        return node
+
+    async def _serve(
+        self,
+        node: str,
+        c: Connect,
+        dec: Decoder,
+        pending: list[Packet],
+        r: asyncio.StreamReader,
+        w: asyncio.StreamWriter,
+    ) -> None:
+        version = c.protocol_level
+        old = self._live.get(node)
+        if old is not None:
+            old.close()  # session take-over: the newest connection wins
+        self._live[node] = w
+        st = self.stats[node]
+        st.connected = True
+        session = ReceiverSession(version)
+        props = {}
+        if version == MQTT_5:
+            props = {
+                "receive_maximum": RECEIVE_MAXIMUM,
+                "maximum_packet_size": self.cfg.max_payload_bytes + HEADROOM,
+                "retain_available": 0,
+                "wildcard_subscription_available": 0,
+                "subscription_identifier_available": 0,
+                "shared_subscription_available": 0,
+                "topic_alias_maximum": 0,
+            }
+        # Node state that matters lives in the store (message keys), so a node that
+        # asked to keep its session always finds one.
+        w.write(encode(Connack(not c.clean_start, 0, props), version))
+        await w.drain()
+        limiter = RateLimiter(self.cfg.max_messages_per_second)
+        keepalive = c.keepalive * 1.5 if c.keepalive else None
+        while True:
+            for pkt in pending:
+                reply = await self._packet(node, pkt, session, version, limiter)
+                if reply is None:
+                    return
+                if reply:
+                    w.write(b"".join(encode(p, version) for p in reply))
+                    await w.drain()
+            data = await asyncio.wait_for(r.read(65536), keepalive)
+            if not data:
+                return
+            st.last_seen = time.time()
+            pending = dec.feed(data)
+
+    async def _packet(
+        self, node: str, pkt: Packet, session: ReceiverSession, version: int, limiter: RateLimiter
+    ) -> list[Packet] | None:
+        """The replies to one packet; None to close the connection."""
+        st = self.stats[node]
+        if isinstance(pkt, Publish):
+            wait = limiter.delay()
+            if wait > 0:
+                # Backpressure instead of refusal: this node is slowed, others are not.
+                st.rejected["rate_limited"] += 1
+                await asyncio.sleep(wait)
+            return await self._publish(node, pkt, session, version)
+        if isinstance(pkt, Pubrel):
+            out = session.on_pubrel(pkt)
+            return [out.ack if isinstance(out, Forget) else out.packet]
+        if isinstance(pkt, Pingreq):
+            return [Pingresp()]
+        if isinstance(pkt, Subscribe):
+            st.rejected["subscribe"] += 1
+            code = Reason.NOT_AUTHORIZED if version == MQTT_5 else 0x80
+            return [Suback(pkt.packet_id, [code] * len(pkt.subscriptions))]
+        if isinstance(pkt, Unsubscribe):
+            codes = (
+                [Reason.NO_SUBSCRIPTION_EXISTED] * len(pkt.topic_filters)
+                if version == MQTT_5
+                else []
+            )
+            return [Unsuback(pkt.packet_id, codes)]
+        if isinstance(pkt, Disconnect):
+            return None
+        if isinstance(pkt, Puback | Pubrec | Pubcomp):
+            return []  # we publish nothing to nodes
+        raise ProtocolError(f"unexpected {type(pkt).__name__} from a client", Reason.PROTOCOL_ERROR)
+
+    async def _publish(
+        self, node: str, pkt: Publish, session: ReceiverSession, version: int
+    ) -> list[Packet]:
+        st = self.stats[node]
+        outcome = session.on_publish(pkt)
+        if isinstance(outcome, Reack):
+            return [outcome.ack]  # a repeat of a QoS 2 message we already own (MQTT-4.3.3-2)
+        ack = outcome.ack
+        reason, readings, key = self._check(node, pkt)
+        if reason is not None:
+            st.rejected[reason[1]] += 1
+            log.info("ingress: %s: rejected message: %s", node, reason[1])
+            if ack is None:
+                return []
+            return [session.refuse(pkt, reason[0]) if version == MQTT_5 else ack]
+        stored = await self.intake.submit(key, readings)  # StoreFull: no ack at all
+        st.messages += 1
+        if stored:
+            st.readings += len(readings)
+        else:
+            st.duplicates += 1
+        return [ack] if ack is not None else []
+
+    def _check(
+        self, node: str, pkt: Publish
+    ) -> tuple[tuple[int, str] | None, list[Reading], str | None]:
+        """(rejection (reason code, counter name) or None, readings, message key)."""
+        if pkt.topic != f"nodes/{node}/readings":
+            return (Reason.NOT_AUTHORIZED, "foreign_topic"), [], None
+        if len(pkt.payload) > self.cfg.max_payload_bytes:
+            return (Reason.PACKET_TOO_LARGE, "oversize"), [], None
+        try:
+            msg = json.loads(pkt.payload, parse_constant=_no_constants)
+        except (ValueError, UnicodeDecodeError):
+            return (Reason.PAYLOAD_FORMAT_INVALID, "invalid_json"), [], None
+        error = next(self.validator.iter_errors(msg), None)
+        if error is not None:
+            return (Reason.PAYLOAD_FORMAT_INVALID, "invalid_schema"), [], None
+        if msg["node"] != node:
+            return (Reason.NOT_AUTHORIZED, "wrong_node"), [], None
+        if len(msg["readings"]) > self.cfg.max_readings_per_message:
+            return (Reason.QUOTA_EXCEEDED, "too_many_readings"), [], None
+        return None, self._readings(node, msg), f"{node}/{msg['boot']}/{msg['seq']}"
+
+    def _readings(self, node: str, msg: dict[str, Any]) -> list[Reading]:
+        flags: list[str] = list(self.clock_flags())
+        if msg["ts"] is None:
+            base = datetime.now(UTC)
+            flags.append("ts_from_gateway")
+        else:
+            base = datetime.fromisoformat(msg["ts"].replace("Z", "+00:00"))
+        out = []
+        for i, rd in enumerate(msg["readings"]):
+            ts = base - timedelta(seconds=rd.get("dt", 0))
+            value = rd["value"]
+            out.append(
+                Reading(
+                    sensor=rd["sensor"],
+                    value=None if value is None else float(value),
+                    ts=ts.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                    unit=rd["unit"],
+                    origin=node,
+                    flags=flags,
+                    id=f"{node}/{msg['boot']}/{msg['seq']}.{i}",
+                )
+            )
+        return out
