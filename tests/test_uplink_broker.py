@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import random
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,12 +39,20 @@ def _settle(checker: Checker, quiet: float = 0.5) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("protocol", ["5", "3.1.1"], ids=["mqtt5", "mqtt311"])
-def test_broker_restart_with_persistence_keeps_the_session(
-    tmp_path: Path, persistent_mosquitto: Mosquitto, protocol: str
-) -> None:
-    """MQTT-3.1.2-4 / 5.0 3.1.2-23: the session outlives the connection, even a broker restart."""
-    broker = persistent_mosquitto
+@dataclass
+class RestartRun:
+    counts: collections.Counter[str]
+    expected: set[str]
+    stderr: str
+    inflight_at_restart: int
+    resent: int
+
+
+def restart_broker_under_uplink(tmp_path: Path, broker: Mosquitto, protocol: str) -> RestartRun:
+    """Drain 30,000 readings; freeze the uplink (SIGSTOP) with messages in flight, let the
+    checker catch up, stop the broker gracefully and start it again, then let the uplink
+    go on (SIGCONT) to the end. The freeze keeps the checker's own loss window (messages
+    the broker held for it) out of the result."""
     checker = Checker(broker.port, "telemetry/#").start()
     store = tmp_path / "gw.db"
     expected = fill_store(store, 30_000)
@@ -51,9 +61,10 @@ def test_broker_restart_with_persistence_keeps_the_session(
     )
     try:
         _wait_for_inflight(store)
-        proc.send_signal(signal.SIGSTOP)  # freeze it with messages in flight
+        proc.send_signal(signal.SIGSTOP)
+        inflight = len(store_states(store))
         _settle(checker)
-        broker.stop()  # graceful: Mosquitto saves its sessions
+        broker.stop()  # graceful: with persistence, Mosquitto saves its sessions
         broker.start()
         proc.send_signal(signal.SIGCONT)
         _, err = proc.communicate(timeout=120)
@@ -64,10 +75,20 @@ def test_broker_restart_with_persistence_keeps_the_session(
             proc.send_signal(signal.SIGCONT)
         proc.kill()
         checker.stop()
-    report = exactly_once_report(counts, expected)
-    assert report["missing"] == 0 and report["duplicated"] == 0, report
     with Store(store) as s:
-        assert s.counters().get("resent_after_session_loss", 0) == 0
+        resent = s.counters().get("resent_after_session_loss", 0)
+    return RestartRun(counts, expected, err, inflight, resent)
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"], ids=["mqtt5", "mqtt311"])
+def test_broker_restart_with_persistence_keeps_the_session(
+    tmp_path: Path, persistent_mosquitto: Mosquitto, protocol: str
+) -> None:
+    """MQTT-3.1.2-4 / 5.0 3.1.2-23: the session outlives the connection, even a broker restart."""
+    run = restart_broker_under_uplink(tmp_path, persistent_mosquitto, protocol)
+    report = exactly_once_report(run.counts, run.expected)
+    assert report["missing"] == 0 and report["duplicated"] == 0, report
+    assert run.inflight_at_restart > 0 and run.resent == 0
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"], ids=["mqtt5", "mqtt311"])
@@ -79,38 +100,13 @@ def test_broker_restart_without_persistence_requeues_under_new_ids(
     Nothing is lost; a copy the broker had already delivered arrives again with
     the same reading id, which the cloud dedup absorbs.
     """
-    broker = mosquitto
-    checker = Checker(broker.port, "telemetry/#").start()
-    store = tmp_path / "gw.db"
-    expected = fill_store(store, 30_000)
-    proc = start_uplink(
-        store, broker.url, "--protocol", protocol, "--batch", "5", "--exit-when-drained"
-    )
-    try:
-        _wait_for_inflight(store)
-        proc.send_signal(signal.SIGSTOP)
-        inflight_at_restart = len(store_states(store))
-        _settle(checker)
-        broker.stop()
-        broker.start()  # a new, empty broker: our session is gone
-        proc.send_signal(signal.SIGCONT)
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        counts = checker.wait_for(expected, 60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGCONT)
-        proc.kill()
-        checker.stop()
-    report = exactly_once_report(counts, expected)
+    run = restart_broker_under_uplink(tmp_path, mosquitto, protocol)
+    report = exactly_once_report(run.counts, run.expected)
     assert report["missing"] == 0 and report["unexpected"] == 0, report
-    with Store(store) as s:
-        resent = s.counters().get("resent_after_session_loss", 0)
-    assert inflight_at_restart > 0
-    assert resent > 0
+    assert run.inflight_at_restart > 0 and run.resent > 0
     # Every duplicate is a re-sent reading (same id), and there are no more than were re-sent.
-    assert sum(n - 1 for n in counts.values()) <= resent
-    assert "session" in err and "re-queued" in err
+    assert sum(n - 1 for n in run.counts.values()) <= run.resent
+    assert "session" in run.stderr and "re-queued" in run.stderr
 
 
 class CuttingProxy:
