@@ -4,7 +4,6 @@ scripted broker; QoS 1 mode."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from pubcomp.devbroker import Mosquitto, free_port
 from pubcomp.sync.packets import Publish
 from pubcomp.sync.uplink import UplinkConfig
 from tests.test_uplink_bad_peers import FakeBroker, run_uplink_against
-from tests.uplink_helpers import fill_store, run_uplink, start_uplink
+from tests.uplink_helpers import fill_store, run_uplink, start_uplink, stop_after
 
 
 def openssl(*args: str) -> None:
@@ -127,12 +126,7 @@ def test_mqtts_with_an_unknown_ca_is_refused_and_retried(
     proc = start_uplink(
         store, f"mqtts://127.0.0.1:{tls_port}", "--ca-file", str(pki["other-ca_crt"])
     )
-    try:
-        out, _ = proc.communicate(timeout=2)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=10)
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = stop_after(proc, 2)
     assert "CERTIFICATE_VERIFY_FAILED" in (summary["last_error"] or "")
     assert summary["backlog"] == 10  # nothing lost while it cannot connect
     assert proc.returncode == 0  # SIGTERM: a clean exit
@@ -165,12 +159,7 @@ def test_password_is_read_from_a_file(tmp_path: Path, auth_broker: Mosquitto) ->
         proc = start_uplink(
             store, auth_broker.url, "--username", "gw1", "--password-file", str(bad)
         )
-        try:
-            out, _ = proc.communicate(timeout=1.5)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=10)
-        error = json.loads(out.strip().splitlines()[-1])["last_error"]
+        error = str(stop_after(proc, 1.5)["last_error"])
         assert "refused the connection: not authorized (code 0x87)" in error
         res = run_uplink(store, auth_broker.url, "--username", "gw1", "--password-file", str(good))
         assert res.returncode == 0, res.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,16 @@ def start_uplink(store: Path, url: str, *extra: str) -> subprocess.Popen[str]:
 
 def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def stop_after(proc: subprocess.Popen[str], seconds: float) -> dict[str, object]:
+    """Let a running uplink go on for ``seconds``, then SIGTERM it; its summary line."""
+    try:
+        out, _ = proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def store_states(path: Path) -> list[str]:
