@@ -1,4 +1,4 @@
-"""Commands of the gateway part: ``pubcomp config ...`` (more to come: gateway run, status)."""
+"""Commands of the gateway part: ``pubcomp config``, ``pubcomp gateway run``, ``pubcomp status``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,23 @@ def register(sub: Any) -> None:
     hp = csub.add_parser("hash-password", help="hash a node password for the fleet file")
     hp.add_argument("--password-file", help="read the password from a file (default: prompt)")
     hp.set_defaults(handler=_run("hash_password"))
+
+    gw = sub.add_parser("gateway", help="the gateway daemon")
+    gsub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
+    run = gsub.add_parser("run", help="run the gateway (the systemd service's command)")
+    _fleet_args(run)
+    run.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    run.set_defaults(handler=_run("gateway_run"))
+
+    st = sub.add_parser("status", help="the running gateway's state, as a table")
+    _fleet_args(st)
+    st.add_argument("--json", action="store_true", help="print the raw status JSON")
+    st.set_defaults(handler=_run("status"))
+
+
+def _fleet_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, metavar="FLEET.yaml", help="the fleet file")
+    p.add_argument("--gateway", help="gateway id (default: this host's name)")
 
 
 def _run(name: str) -> Any:

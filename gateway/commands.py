@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
+import logging
 import sys
 from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, Fleet
+from .config import ConfigError, Fleet, GatewayConfig
 from .credentials import hash_password as _hash
 
 
@@ -40,6 +42,42 @@ def config_show(args: argparse.Namespace) -> int:
     data = cfg.model_dump(mode="json", exclude_none=True)  # SecretStr dumps as '**********'
     print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")
     return 0
+
+
+def _load(args: argparse.Namespace) -> GatewayConfig | None:
+    try:
+        fleet = Fleet(args.config)
+        return fleet.gateway(fleet.pick(args.gateway))
+    except ConfigError as exc:
+        for p in exc.problems:
+            print(p, file=sys.stderr)
+        return None
+
+
+def gateway_run(args: argparse.Namespace) -> int:
+    logging.getLogger().setLevel(args.log_level.upper())
+    cfg = _load(args)
+    if cfg is None:
+        return 1
+    from .service import run
+
+    return run(cfg)
+
+
+def status(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    if cfg is None:
+        return 1
+    from .status import fetch, not_running_hint, render
+
+    try:
+        snap = fetch(cfg.health.host, cfg.health.port)
+    except (OSError, ValueError) as exc:
+        print(f"pubcomp status: {cfg.id}: {exc}", file=sys.stderr)
+        print(not_running_hint(cfg.store.path), file=sys.stderr)
+        return 3  # as `systemctl status` says "not running"
+    print(json.dumps(snap, indent=2) if args.json else render(snap))
+    return 0 if snap["healthy"] else 1
 
 
 def hash_password(args: argparse.Namespace) -> int:

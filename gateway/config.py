@@ -108,6 +108,8 @@ class PulseSensor(_Sensor):
     scale: float = 1.0
     unit: str = "pulses"
     interval_s: Annotated[float, Field(gt=0)] = 60.0
+    # Only with `gpio: simulated` (demo, development): pulses a second to fake.
+    simulated_rate_hz: Annotated[float, Field(ge=0)] = 0.5
 
 
 class DigitalSensor(_Sensor):
@@ -504,7 +506,8 @@ class Fleet:
 
 def sensor_options(sensor: Any) -> dict[str, Any]:
     """A sensor entry as driver keyword arguments (for sensors.registry.build)."""
-    opts = sensor.model_dump(exclude={"id", "type"}, exclude_none=True)
+    # simulated_rate_hz drives fake pins; the gateway reads it, the driver never sees it.
+    opts = sensor.model_dump(exclude={"id", "type", "simulated_rate_hz"}, exclude_none=True)
     if "registers" in opts:
         opts["registers"] = [dict(r) for r in opts["registers"]]
     return opts

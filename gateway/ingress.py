@@ -108,12 +108,13 @@ class Ingress:
         nodes: dict[str, str],
         config: IngressSection,
         *,
-        clock_flags: Any = None,
+        clock: Any = None,
     ) -> None:
         self.intake = intake
         self.node_hashes = nodes  # node id -> scrypt hash
         self.cfg = config
-        self.clock_flags = clock_flags or (lambda: ())
+        # clock.stamp(mono) -> (ISO time, flags) for messages without a time of their own.
+        self.clock = clock
         self.validator = _schema_validator()
         self.stats: dict[str, NodeStats] = collections.defaultdict(NodeStats)
         self.rejected_connections: collections.Counter[str] = collections.Counter()
@@ -343,9 +344,14 @@ class Ingress:
         return None, self._readings(node, msg), f"{node}/{msg['boot']}/{msg['seq']}"
 
     def _readings(self, node: str, msg: dict[str, Any]) -> list[Reading]:
-        flags: list[str] = list(self.clock_flags())
+        flags: list[str] = []
         if msg["ts"] is None:
-            base = datetime.now(UTC)
+            if self.clock is None:
+                base = datetime.now(UTC)
+            else:
+                stamp, clock_flags = self.clock.stamp(time.monotonic())
+                base = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                flags += clock_flags
             flags.append("ts_from_gateway")
         else:
             base = datetime.fromisoformat(msg["ts"].replace("Z", "+00:00"))

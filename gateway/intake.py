@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pubcomp.sync.store import Reading, Store, StoreFull
 
@@ -28,12 +29,21 @@ class _Pending:
 
 
 @dataclass
+class _Op:
+    """Store work that must follow every commit queued before it (a clock correction)."""
+
+    fn: Callable[[], Any]
+    done: asyncio.Future[Any]
+
+
+@dataclass
 class IntakeStats:
     committed_readings: int = 0
     commits: int = 0
     duplicates: int = 0
     refused_full: int = 0
     largest_group: int = 0
+    last_error: str | None = None  # the last commit's failure, cleared by a good commit
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
@@ -42,7 +52,7 @@ class Intake:
         self.store = store
         self.max_group = max_group
         self.stats = IntakeStats()
-        self._pending: collections.deque[_Pending] = collections.deque()
+        self._pending: collections.deque[_Pending | _Op] = collections.deque()
         self._state: dict[str, str] = {}
         self._wake = asyncio.Event()
         self._closed = False
@@ -67,29 +77,61 @@ class Intake:
         self._state[key] = value
         self._wake.set()
 
-    async def run(self) -> None:
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake.clear()
-                while self._pending or self._state:
-                    await self._commit_group()
-        finally:
-            await self.flush()
+    async def after_commits(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the event loop once everything queued before it is committed.
 
-    async def flush(self) -> None:
-        """Commit whatever is pending (on shutdown)."""
+        On the loop thread, so it cannot interleave with the uplink taking
+        readings into messages.
+        """
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Op(fn, fut))
+        self._wake.set()
+        return await fut
+
+    @property
+    def queued(self) -> int:
+        return sum(len(p.readings) for p in self._pending if isinstance(p, _Pending))
+
+    async def run(self) -> None:
+        """Commit until ``close()``; then commit what is left and return."""
+        while True:
+            self._wake.clear()
+            await self._drain()
+            if self._closed:
+                return
+            await self._wake.wait()
+
+    def close(self) -> None:
+        """Finish: ``run`` commits everything queued so far, then returns (not cancelled,
+        so no commit is cut off between the disk and the waiting nodes)."""
+        self._closed = True
+        self._wake.set()
+
+    async def _drain(self) -> None:
         while self._pending or self._state:
-            await self._commit_group()
+            head = self._pending[0] if self._pending else None
+            if isinstance(head, _Op):
+                self._pending.popleft()
+                try:
+                    head.done.set_result(head.fn())
+                except Exception as exc:
+                    head.done.set_exception(exc)
+            else:
+                await self._commit_group()
 
     async def _commit_group(self) -> None:
         group: list[_Pending] = []
         readings = 0
         while self._pending and readings < self.max_group:
-            p = self._pending.popleft()
-            group.append(p)
+            p = self._pending[0]
+            if isinstance(p, _Op):
+                break
+            group.append(self._pending.popleft())
             readings += len(p.readings)
-        state, self._state = self._state, {}
+        # State goes with the last of what was queued before it, never ahead of it.
+        state: dict[str, str] = {}
+        if not any(isinstance(p, _Pending) for p in self._pending):
+            state, self._state = self._state, {}
         # Sensor readings ride along as one keyless batch; node messages keep their keys.
         sensor = [r for p in group if p.done is None for r in p.readings]
         nodes = [p for p in group if p.done is not None]
@@ -110,12 +152,16 @@ class Intake:
             return
         except Exception as exc:  # a bug or an I/O error: fail the waiters, keep running
             log.exception("intake commit failed")
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            if sensor:
+                self.stats.counters["sensor_readings_lost"] += len(sensor)
             for p in nodes:
                 if not p.done.done():  # type: ignore[union-attr]
                     p.done.set_exception(exc)  # type: ignore[union-attr]
             self._state = state | self._state
             return
         self.stats.commits += 1
+        self.stats.last_error = None
         self.stats.largest_group = max(self.stats.largest_group, len(group))
         for p, stored in zip(nodes, results, strict=False):
             if stored:

@@ -6,6 +6,7 @@ set -euo pipefail
 need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)   # test certificates for mqtts://
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)   # verifies the unit files
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

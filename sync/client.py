@@ -105,8 +105,11 @@ class ConnectOptions:
     receive_maximum: int = 100  # MQTT 5: QoS>0 PUBLISHes we accept at once
     maximum_packet_size: int = 1 << 20
     connect_timeout: float = 10.0
+    password_text: str | None = field(default=None, repr=False)  # from the fleet file's !secret
 
     def password(self) -> bytes | None:
+        if self.password_text is not None:
+            return self.password_text.encode()
         if self.password_file is None:
             return None
         return Path(self.password_file).read_bytes().rstrip(b"\r\n")

@@ -421,6 +421,42 @@ class Store:
                 "DELETE FROM seen WHERE at < ?", (time.time() - older_than_s,)
             ).rowcount
 
+    def shift_times(self, after_seq: int, shift_s: float, flag: str, add_flag: str) -> int:
+        """Correct the timestamps of waiting readings flagged ``flag`` (not yet ``add_flag``).
+
+        Only readings above ``after_seq`` and not yet in a message are touched: a
+        message's payload must stay byte-identical for its DUP resends. Returns
+        how many were corrected.
+        """
+        with self._tx() as db:
+            low = max(after_seq, self._inflight_high_seq(db))
+            rows = db.execute(
+                "SELECT seq, ts, flags FROM outbox WHERE seq > ? AND flags LIKE ?",
+                (low, f"%{flag}%"),
+            ).fetchall()
+            fixed = []
+            for seq, ts, flags in rows:
+                names = flags.split(",")
+                if flag not in names or add_flag in names or ts is None:
+                    continue
+                t = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() + shift_s
+                new_ts = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+                fixed.append((new_ts.replace("+00:00", "Z"), ",".join([*names, add_flag]), seq))
+            db.executemany("UPDATE outbox SET ts = ?, flags = ? WHERE seq = ?", fixed)
+            self._bump(db, "clock_corrected", len(fixed))
+        return len(fixed)
+
+    def probe(self) -> None:
+        """Take and release the write lock: raises if the store cannot commit now."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("ROLLBACK")
+
+    def last_seq(self) -> int:
+        """The highest seq ever given to a reading in this store."""
+        with self._lock:
+            return self._last_seq(self._db)
+
     def _rows(
         self, readings: Iterable[Reading], db: sqlite3.Connection, now: float
     ) -> Iterator[tuple[Any, ...]]:

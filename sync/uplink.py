@@ -146,8 +146,9 @@ class Uplink:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 
-    def metrics(self) -> dict[str, Any]:
-        st = self.store.stats()
+    def metrics(self, st: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The uplink's figures; ``st`` is a fresh ``store.stats()`` if the caller has one."""
+        st = st or self.store.stats()
         rate = self.status.drain_rate()
         backlog = st["backlog"]
         return {

@@ -1,0 +1,299 @@
+"""``pubcomp gateway run``: the store, the intake, the drivers, the ingress, the uplink
+and the health server, as tasks on one event loop.
+
+Start order follows the data: the store opens (and recovers), the intake
+starts, the ingress binds, the uplink resumes its session, the drivers start;
+then READY=1. Stop order is the reverse of the data's path: producers stop
+(drivers, ingress), the intake commits what it holds, the uplink ends with a
+DISCONNECT that keeps the session, the store closes; exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import time
+from typing import Any
+
+from pubcomp.sensors.api import ClockFix
+from pubcomp.sensors.pins import make_factory
+from pubcomp.sync.client import ConnectOptions, TLSOptions
+from pubcomp.sync.packets import MQTT_5, MQTT_311
+from pubcomp.sync.store import Store
+from pubcomp.sync.uplink import Uplink, UplinkConfig
+
+from .clock import CORRECTED, UNSYNCED, ClockWatch, kernel_synced
+from .config import GatewayConfig
+from .drivers import Drivers
+from .health import HealthServer
+from .ingress import Ingress
+from .intake import Intake
+from .notify import Notifier
+
+log = logging.getLogger(__name__)
+
+CLOCK_POLL_S = 10.0
+SAMPLE_S = 10.0  # backlog history and STATUS= line
+SEEN_KEEP_S = 7 * 24 * 3600  # node message keys kept for dedup: retries never come later
+PROBE_TIMEOUT_S = 5.0
+
+
+def connect_options(cfg: GatewayConfig) -> ConnectOptions:
+    up = cfg.uplink
+    return ConnectOptions(
+        client_id=cfg.client_id(),
+        version=MQTT_5 if up.protocol == "5" else MQTT_311,
+        keepalive=up.keepalive,
+        username=up.username,
+        password_text=up.password.get_secret_value() if up.password else None,
+        tls=TLSOptions(up.ca_file, up.cert_file, up.key_file),
+    )
+
+
+class Gateway:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        *,
+        notifier: Notifier | None = None,
+        kernel_clock: Any = kernel_synced,
+    ) -> None:
+        self.cfg = cfg
+        self.notifier = notifier or Notifier()
+        self.started = time.time()
+        quota = int(cfg.store.quota_mb * 1e6) if cfg.store.quota_mb else None
+        self.store = Store(
+            cfg.store.path, gateway_id=cfg.id, quota_bytes=quota, policy=cfg.store.policy
+        )
+        self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
+        self.clock = ClockWatch(kernel_clock)
+        self.intake = Intake(self.store)
+        self.ingress: Ingress | None = None
+        if cfg.ingress.enabled and cfg.nodes:
+            hashes = {n.id: n.password_hash for n in cfg.nodes}
+            self.ingress = Ingress(self.intake, hashes, cfg.ingress, clock=self.clock)
+        up = cfg.uplink
+        self.uplink = Uplink(
+            self.store,
+            up.broker,
+            connect_options(cfg),
+            UplinkConfig(up.topic_prefix, up.qos, up.batch, up.max_bytes),
+        )
+        self.drivers = Drivers(
+            list(cfg.sensors), lambda: make_factory(cfg.gpio), self.intake, self.clock, self.on_fix
+        )
+        self.health = HealthServer(cfg.health.host, cfg.health.port, self.snapshot, self.healthy)
+        self.ingress_port: int | None = None
+        self.health_port: int | None = None
+        self._critical: dict[str, asyncio.Task[Any]] = {}
+        self._store_ok = True
+        self._store_error: str | None = None
+        self._probe: asyncio.Future[Any] | None = None
+        self._fix_tasks: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------ running
+
+    async def run(self, stop: asyncio.Event) -> int:
+        uplink_stop = asyncio.Event()
+        self._critical["intake"] = asyncio.create_task(self.intake.run(), name="intake")
+        if self.ingress is not None:
+            self.ingress_port = await self.ingress.start()
+        self.health_port = await self.health.start()
+        self._critical["uplink"] = asyncio.create_task(self.uplink.run(uplink_stop), name="uplink")
+        drivers = self.drivers.tasks()
+        chores = [
+            asyncio.create_task(self._clock_loop(), name="clock"),
+            asyncio.create_task(self._sample_loop(), name="sample"),
+            asyncio.create_task(self._watchdog_loop(), name="watchdog"),
+            asyncio.create_task(self._prune_loop(), name="prune"),
+        ]
+        self.notifier.ready(self.status_line())
+        log.info(
+            "gateway %s running: ingress port %s, health port %s, %d sensors, %d nodes",
+            self.cfg.id,
+            self.ingress_port,
+            self.health_port,
+            len(self.cfg.sensors),
+            len(self.cfg.nodes),
+        )
+        try:
+            await stop.wait()
+        finally:
+            self.notifier.stopping("stopping: committing and disconnecting")
+            for t in drivers + chores:
+                t.cancel()
+            await asyncio.gather(*drivers, *chores, return_exceptions=True)
+            if self.ingress is not None:
+                await self.ingress.close()
+            self.intake.close()
+            await asyncio.gather(self._critical["intake"], return_exceptions=True)
+            uplink_stop.set()
+            try:
+                await asyncio.wait_for(self._critical["uplink"], 10.0)
+            except (TimeoutError, Exception) as exc:
+                log.warning("uplink did not end cleanly: %r", exc)
+            await self.health.close()
+            self.drivers.close()
+            self.store.close()
+            self.notifier.close()
+            log.info("gateway %s stopped", self.cfg.id)
+        return 0
+
+    def on_fix(self, fix: ClockFix) -> None:
+        self._apply_shift(self.clock.on_fix(fix))
+
+    def _apply_shift(self, shift: float | None) -> None:
+        if shift is None:
+            return
+
+        def correct() -> int:
+            n = self.store.shift_times(self.first_new_seq, shift, UNSYNCED, CORRECTED)
+            log.info("clock synced: corrected %d waiting readings by %+.3f s", n, shift)
+            return n
+
+        task = asyncio.ensure_future(self.intake.after_commits(correct))
+        self._fix_tasks.add(task)
+        task.add_done_callback(self._fix_tasks.discard)
+
+    async def _clock_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CLOCK_POLL_S)
+            self._apply_shift(self.clock.poll())
+
+    async def _sample_loop(self) -> None:
+        while True:
+            st = await asyncio.to_thread(self.store.stats)
+            self.health.record(st["backlog"])
+            self.notifier.status(self.status_line(st))
+            await asyncio.sleep(SAMPLE_S)
+
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.to_thread(self.store.prune_seen, SEEN_KEEP_S)
+            await asyncio.sleep(3600)
+
+    async def _watchdog_loop(self) -> None:
+        """WATCHDOG=1 at half the timeout, only while the loop, its tasks and the store are well.
+
+        The pings come from the event loop itself, so a wedged loop stops them.
+        """
+        interval = self.notifier.watchdog_interval or 10.0
+        while True:
+            await self._probe_store(min(PROBE_TIMEOUT_S, interval))
+            ok, why = self.healthy()
+            if ok and self.notifier.watchdog_interval:
+                self.notifier.watchdog()
+            elif not ok:
+                log.error("unhealthy, withholding the watchdog ping: %s", "; ".join(why))
+                self.notifier.status("UNHEALTHY: " + "; ".join(why))
+            await asyncio.sleep(interval)
+
+    async def _probe_store(self, timeout: float) -> None:
+        """Can we take the store's write lock? (A hung disk or a stuck commit says no.)"""
+        if self._probe is not None and not self._probe.done():
+            self._store_ok, self._store_error = False, "store probe still running (disk hung?)"
+            return
+        self._probe = asyncio.ensure_future(asyncio.to_thread(self.store.probe))
+        try:
+            await asyncio.wait_for(asyncio.shield(self._probe), timeout)
+            self._store_ok, self._store_error = True, None
+        except TimeoutError:
+            self._store_ok, self._store_error = False, f"store probe took over {timeout:.0f} s"
+        except Exception as exc:
+            self._store_ok, self._store_error = False, f"store probe failed: {exc}"
+
+    def healthy(self) -> tuple[bool, list[str]]:
+        why = [
+            f"{name} task ended: {t.exception() if not t.cancelled() else 'cancelled'}"
+            for name, t in self._critical.items()
+            if t.done()
+        ]
+        if not self._store_ok:
+            why.append(self._store_error or "store unhealthy")
+        if self.intake.stats.last_error:
+            why.append(f"last commit failed: {self.intake.stats.last_error}")
+        return not why, why
+
+    # ------------------------------------------------------------- status
+
+    def status_line(self, st: dict[str, Any] | None = None) -> str:
+        m = self.uplink.metrics(st)
+        age = m["oldest_age_s"]
+        return (
+            f"uplink {m['state']}, backlog {m['backlog']}"
+            + (f" (oldest {age:.0f} s)" if age is not None else "")
+            + f", clock {self.clock.source}"
+        )
+
+    async def snapshot(self) -> dict[str, Any]:
+        st = await asyncio.to_thread(self.store.stats)
+        up = self.uplink.metrics(st)
+        up["connected"] = up["state"] == "connected"
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(self.cfg.store.path))).free
+        it = self.intake.stats
+        nodes = {}
+        if self.ingress is not None:
+            for n in self.cfg.nodes:
+                ns = self.ingress.stats[n.id]
+                nodes[n.id] = {
+                    "connected": ns.connected,
+                    "last_seen": ns.last_seen,
+                    "messages": ns.messages,
+                    "readings": ns.readings,
+                    "duplicates": ns.duplicates,
+                    "rejected": dict(ns.rejected),
+                }
+        return {
+            "gateway": self.cfg.id,
+            "fleet": self.cfg.fleet,
+            "time": time.time(),
+            "uptime_s": round(time.time() - self.started, 1),
+            "healthy": self.healthy()[0],
+            "clock": {
+                "source": self.clock.source,
+                "synced": self.clock.synced,
+                "corrections": self.clock.corrections,
+                "gps_rejected": self.clock.gps_rejected,
+            },
+            "uplink": up,
+            "intake": {
+                "committed_readings": it.committed_readings,
+                "commits": it.commits,
+                "duplicates": it.duplicates,
+                "refused_full": it.refused_full,
+                "queued": self.intake.queued,
+                "last_error": it.last_error,
+            },
+            "store": {
+                "path": st["store"],
+                "epoch": st["epoch"],
+                "store_bytes": st["store_bytes"],
+                "file_bytes": st["file_bytes"],
+                "quota_bytes": st["quota_bytes"],
+                "disk_free_bytes": free,
+                "counters": st["counters"],
+            },
+            "sensors": {sid: s.as_dict() for sid, s in self.drivers.status.items()},
+            "nodes": nodes,
+            "ingress_port": self.ingress_port,
+        }
+
+
+def run(cfg: GatewayConfig) -> int:
+    """Run until SIGTERM or SIGINT; the exit code for the process."""
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        gw = Gateway(cfg)
+        return await gw.run(stop)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(main())
+    return 0
