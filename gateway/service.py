@@ -60,7 +60,7 @@ class Gateway:
         cfg: GatewayConfig,
         *,
         notifier: Notifier | None = None,
-        kernel_clock: Any = kernel_synced,
+        clock: ClockWatch | None = None,
     ) -> None:
         self.cfg = cfg
         self.notifier = notifier or Notifier()
@@ -70,7 +70,7 @@ class Gateway:
             cfg.store.path, gateway_id=cfg.id, quota_bytes=quota, policy=cfg.store.policy
         )
         self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
-        self.clock = ClockWatch(kernel_clock)
+        self.clock = clock or ClockWatch(kernel_synced)
         self.intake = Intake(self.store)
         self.ingress: Ingress | None = None
         if cfg.ingress.enabled and cfg.nodes:

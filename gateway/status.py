@@ -33,6 +33,10 @@ def _mb(n: float | None) -> str:
     return "-" if n is None else f"{n / 1e6:,.1f} MB"
 
 
+def _num(v: float | None) -> str:
+    return "null" if v is None else f"{v:.6g}"
+
+
 def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
     up, st, clk = snap["uplink"], snap["store"], snap["clock"]
     eta = up.get("eta_s")
@@ -60,7 +64,8 @@ def sensor_rows(snap: dict[str, Any]) -> list[list[str]]:
     rows = []
     for sid, s in sorted(snap["sensors"].items()):
         last = ", ".join(
-            f"{ch.removeprefix(sid + '.')}={v['value']}" + (f" {v['unit']}" if v["unit"] else "")
+            f"{ch.removeprefix(sid + '.')}={_num(v['value'])}"
+            + (f" {v['unit']}" if v["unit"] else "")
             for ch, v in sorted(s["last"].items())
         )
         rows.append(
