@@ -1,0 +1,127 @@
+"""The systemd notify protocol, received on a real Unix datagram socket as NOTIFY_SOCKET."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from pubcomp.devbroker import Mosquitto
+from pubcomp.gateway import service
+from pubcomp.gateway.config import GatewayConfig
+from pubcomp.gateway.notify import Notifier
+
+from .gateway_helpers import GatewayProc
+
+
+class NotifySocket:
+    """What systemd does: bind a datagram socket and read what the service says."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.got: list[tuple[float, dict[str, str]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines())
+            self.got.append((time.monotonic(), fields))
+
+    def times(self, key: str, since: float = 0.0, until: float = float("inf")) -> list[float]:
+        return [t for t, f in list(self.got) if key in f and since <= t <= until]
+
+    def wait(self, key: str, n: int = 1, since: float = 0.0, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.times(key, since)) < n:
+            assert time.monotonic() < deadline, f"waited for {n} x {key}: {self.got}"
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def test_ready_status_watchdog_withheld_while_the_store_is_locked_and_stopping(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    ns = NotifySocket(tmp_path / "notify.sock")
+    gw = GatewayProc(
+        tmp_path, mosquitto.port, sensors=[{"id": "t", "type": "simulated", "interval_s": 0.2}]
+    )
+    try:
+        gw.start(env={"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "600000"}, wait=False)
+        ns.wait("READY")
+        ready = next(f for _, f in ns.got if "READY" in f)
+        assert ready["READY"] == "1" and ready["STATUS"].startswith("uplink ")
+        ns.wait("WATCHDOG", 3)  # every 0.3 s: half of WATCHDOG_USEC
+        # Another process holds the store's write lock: the gateway cannot commit, so it
+        # must stop telling systemd it is well (systemd would then restart it).
+        db = sqlite3.connect(gw.db, isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        locked = time.monotonic()
+        ns.wait("STATUS", since=locked + 0.1)
+        time.sleep(2.0)
+        db.execute("ROLLBACK")
+        released = time.monotonic()
+        db.close()
+        assert ns.times("WATCHDOG", since=locked + 0.7, until=released) == []
+        unhealthy = [f["STATUS"] for t, f in ns.got if t > locked and "STATUS" in f]
+        assert any(s.startswith("UNHEALTHY: store probe") for s in unhealthy), unhealthy
+        ns.wait("WATCHDOG", 2, since=released)  # well again: the pings come back
+        assert gw.terminate() == 0
+        ns.wait("STOPPING")
+    finally:
+        if gw.proc and gw.proc.poll() is None:
+            gw.kill()
+        ns.close()
+
+
+def test_no_watchdog_pings_while_the_event_loop_is_wedged(tmp_path: Path) -> None:
+    """The pings come from the event loop itself: a loop stuck in a call sends none."""
+    ns = NotifySocket(tmp_path / "notify.sock")
+    cfg = GatewayConfig.model_validate(
+        {
+            "id": "gw-wedge",
+            "fleet": "t",
+            "uplink": {"broker": "mqtt://127.0.0.1:9"},
+            "store": {"path": str(tmp_path / "gw.db")},
+            "health": {"port": 0},
+        }
+    )
+    notifier = Notifier({"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "200000"})
+    wedge: list[float] = []
+
+    async def main() -> int:
+        gw = service.Gateway(cfg, notifier=notifier)
+        stop = asyncio.Event()
+        run = asyncio.create_task(gw.run(stop))
+        await asyncio.sleep(1.0)
+        wedge.append(time.monotonic())
+        time.sleep(1.5)  # a blocking call on the loop: everything on it stops
+        wedge.append(time.monotonic())
+        await asyncio.sleep(1.0)
+        stop.set()
+        return await run
+
+    try:
+        assert asyncio.run(main()) == 0
+        start, end = wedge
+        assert len(ns.times("WATCHDOG", until=start)) >= 3
+        assert ns.times("WATCHDOG", since=start + 0.05, until=end) == []
+        assert len(ns.times("WATCHDOG", since=end)) >= 3
+        assert ns.times("STOPPING")
+    finally:
+        ns.close()
