@@ -32,6 +32,8 @@ from .intake import Intake
 log = logging.getLogger(__name__)
 
 STABLE_S = 60.0  # a driver that ran this long starts its backoff afresh
+RESTART_BASE_S = 1.0
+RESTART_CAP_S = 300.0
 
 
 def pulses_key(sensor: str) -> str:
@@ -136,7 +138,7 @@ class Drivers:
     async def _supervise(self, cfg: Any) -> None:
         status = self.status[cfg.id]
         sink = IntakeSink(self.intake, self.clock, status, self.on_clock)
-        backoff = Backoff(base=1.0, cap=300.0)
+        backoff = Backoff(base=RESTART_BASE_S, cap=RESTART_CAP_S)
         while True:
             started = time.monotonic()
             try:

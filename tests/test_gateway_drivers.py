@@ -1,0 +1,106 @@
+"""Supervised drivers: a crashing driver is restarted and reported, the others go on;
+a pulse counter's total survives a restart through the store."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pubcomp.gateway import drivers as drivers_mod
+from pubcomp.gateway.clock import ClockWatch
+from pubcomp.gateway.config import GatewayConfig
+from pubcomp.gateway.drivers import Drivers, pulses_key
+from pubcomp.gateway.intake import Intake
+from pubcomp.sensors.api import Driver, Sink
+from pubcomp.sensors.pins.simulated import SimulatedFactory
+from pubcomp.sync.store import Store
+
+
+class Crashes(Driver):
+    async def run(self, sink: Sink) -> None:
+        await asyncio.sleep(0.01)
+        raise OSError("adapter unplugged")
+
+
+def _sensors(*entries: dict[str, Any]) -> list[Any]:
+    cfg = GatewayConfig.model_validate(
+        {"id": "g", "fleet": "f", "uplink": {"broker": "mqtt://h:1"}, "sensors": list(entries)}
+    )
+    return list(cfg.sensors)
+
+
+async def _run(store: Store, drivers: Drivers, intake: Intake, seconds: float) -> None:
+    task = asyncio.create_task(intake.run())
+    tasks = drivers.tasks()
+    await asyncio.sleep(seconds)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    intake.close()
+    await task
+
+
+def test_a_crashing_driver_is_restarted_and_does_not_stop_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_build = drivers_mod.build
+
+    def build(kind: str, sensor: str, opts: dict[str, Any], gpio: Any) -> Driver:
+        return Crashes(sensor) if sensor == "bad" else real_build(kind, sensor, opts, gpio)
+
+    monkeypatch.setattr(drivers_mod, "build", build)
+    monkeypatch.setattr(drivers_mod, "RESTART_BASE_S", 0.05)
+    sensors = _sensors(
+        {"id": "bad", "type": "simulated"},
+        {"id": "good", "type": "simulated", "interval_s": 0.05},
+    )
+    with Store(tmp_path / "s.db", gateway_id="g") as store:
+        intake = Intake(store)
+        d = Drivers(sensors, SimulatedFactory, intake, ClockWatch(), lambda c: None)
+        asyncio.run(_run(store, d, intake, 1.5))
+        bad, good = d.status["bad"], d.status["good"]
+        assert bad.restarts >= 3 and bad.last_error == "OSError: adapter unplugged"
+        assert bad.readings == 0
+        assert good.restarts == 0 and good.readings >= 20
+        assert store.stats()["backlog"] == good.readings  # every good reading committed
+
+
+def test_pulse_total_survives_a_restart(tmp_path: Path) -> None:
+    sensors = _sensors(
+        {"id": "rain", "type": "pulse", "pin": 5, "interval_s": 0.2, "simulated_rate_hz": 0}
+    )
+    factories: list[SimulatedFactory] = []
+
+    def factory() -> SimulatedFactory:
+        factories.append(SimulatedFactory())
+        return factories[-1]
+
+    async def run_with_pulses(store: Store, n: int) -> Drivers:
+        intake = Intake(store)
+        d = Drivers(sensors, factory, intake, ClockWatch(), lambda c: None)
+        task = asyncio.create_task(intake.run())
+        tasks = d.tasks()
+        await asyncio.sleep(0.05)
+        pin = factories[-1].pins[5]
+        for _ in range(n):  # falling edges, 20 ms apart: beyond the 10 ms debounce
+            pin.drive(False)
+            await asyncio.sleep(0.01)
+            pin.drive(True)
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        intake.close()
+        await task
+        return d
+
+    with Store(tmp_path / "s.db", gateway_id="g") as store:
+        asyncio.run(run_with_pulses(store, 7))
+        assert store.get_state(pulses_key("rain")) == "7"
+        d = asyncio.run(run_with_pulses(store, 5))
+        assert store.get_state(pulses_key("rain")) == "12"
+        assert d.status["rain"].last["rain.total"][0] == 12.0
