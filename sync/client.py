@@ -159,7 +159,14 @@ class Connection:
         while True:
             wait = self._next_wakeup(deadline)
             try:
-                data = await asyncio.wait_for(self._reader.read(65536), wait)
+                # Not asyncio.wait_for: on Python 3.11 it runs the read as a separate
+                # task, and a cancellation (the uplink cancels recv whenever new
+                # readings arrive) landing just as the read completes drops the bytes
+                # read: PUBRECs lost and messages stuck in flight. Under a timeout
+                # scope the read runs in this task, and a cancellation leaves unread
+                # data in the stream's buffer.
+                async with asyncio.timeout(wait):
+                    data = await self._reader.read(65536)
             except TimeoutError:
                 data = None
             except (ConnectionError, OSError) as exc:
