@@ -54,7 +54,7 @@ from pubcomp.sync.session import Forget, Reack, ReceiverSession
 from pubcomp.sync.store import Reading, StoreFull
 
 from .config import IngressSection
-from .credentials import verify_password
+from .credentials import Verifier
 from .intake import Intake
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class Ingress:
         # clock.stamp(mono) -> (ISO time, flags) for messages without a time of their own.
         self.clock = clock
         self.validator = _schema_validator()
+        self._verifier = Verifier()
         self.stats: dict[str, NodeStats] = collections.defaultdict(NodeStats)
         self.rejected_connections: collections.Counter[str] = collections.Counter()
         self._server: asyncio.Server | None = None
@@ -202,7 +203,7 @@ class Ingress:
         ok = (
             known is not None
             and c.password is not None
-            and await asyncio.to_thread(verify_password, c.password, known)
+            and await self._verifier.verify(node, c.password, known)
         )
         if ok and c.client_id not in ("", node):
             ok = False  # a node connects as itself
@@ -259,7 +260,8 @@ class Ingress:
                 if reply:
                     w.write(b"".join(encode(p, version) for p in reply))
                     await w.drain()
-            data = await asyncio.wait_for(r.read(65536), keepalive)
+            async with asyncio.timeout(keepalive):  # not wait_for: see sync/client.py recv
+                data = await r.read(65536)
             if not data:
                 return
             st.last_seen = time.time()
