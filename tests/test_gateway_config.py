@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pubcomp.gateway import credentials
 from pubcomp.gateway.config import ConfigError, Fleet, sensor_options
 from pubcomp.gateway.credentials import hash_password, verify_password
 from pubcomp.sensors.pins.simulated import SimulatedFactory
@@ -170,6 +172,27 @@ def test_node_password_hashes() -> None:
     assert h.startswith("scrypt$") and "node-7-secret" not in h
     assert verify_password("node-7-secret", h) and not verify_password("node-7-secreT", h)
     assert not verify_password("x", "not-a-hash")
+
+
+def test_verifier_remembers_only_a_password_that_verified(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = hash_password("right")
+    calls: list[bytes] = []
+    real = credentials.verify_password
+    monkeypatch.setattr(
+        credentials, "verify_password", lambda pw, h: calls.append(pw) or real(pw, h)
+    )
+    v = credentials.Verifier()
+
+    async def checks() -> list[bool]:
+        return [
+            await v.verify("n1", "right", h),  # scrypt
+            await v.verify("n1", b"right", h),  # remembered: no scrypt
+            await v.verify("n1", "wrong", h),  # scrypt, refused
+            await v.verify("n2", "right", h),  # another node: its own check
+        ]
+
+    assert asyncio.run(checks()) == [True, True, False, True]
+    assert calls == [b"right", b"wrong", b"right"]
 
 
 def test_config_commands(tmp_path: Path) -> None:
