@@ -32,6 +32,8 @@ demo: setup
 
 bench: setup
 	$(PY) bench/uplink_drain.py
+	$(PY) bench/sensors.py
+	$(PY) bench/gateway.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out

@@ -47,3 +47,26 @@ def test_sensors_bench_runs_and_prints_its_ratios() -> None:
     )
     assert res.returncode == 0, res.stderr
     assert "every pulse counted (2,000)" in res.stdout and "pynmea2" in res.stdout
+
+
+def test_gateway_bench_runs_and_prints_its_ratios() -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gateway.py"),
+            "--nodes",
+            "3",
+            "--seconds",
+            "1",
+            "--inproc-readings",
+            "2000",
+            "--rss-backlog",
+            "2000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "readings/s acknowledged" in res.stdout and "peak RSS" in res.stdout
+    assert "ratio" in res.stdout
