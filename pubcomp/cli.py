@@ -16,7 +16,12 @@ from collections.abc import Sequence
 from . import __version__
 
 # Parts that contribute commands: each module defines register(subparsers).
-PARTS = ("pubcomp.sync.cli", "pubcomp.sensors.cli", "pubcomp.gateway.cli")
+PARTS = (
+    "pubcomp.sync.cli",
+    "pubcomp.sensors.cli",
+    "pubcomp.gateway.cli",
+    "pubcomp.pipeline.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,12 @@ exception. Points, in handshake order:
 - ``pubrel_written``:    PUBREL written, PUBCOMP not yet received
 - ``pubcomp_received``:  PUBCOMP decoded, its deletion not yet committed
 
+and on the receiving side (the cloud ingest):
+
+- ``ingest_landed``:     readings written and fsynced, packet ids not yet committed,
+  PUBREC not yet sent
+- ``ingest_committed``:  packet ids committed, PUBREC not yet sent
+
 Unset (production), ``crash_point`` costs one dictionary lookup.
 """
 
@@ -24,6 +30,8 @@ POINTS = (
     "pubrec_received",
     "pubrel_written",
     "pubcomp_received",
+    "ingest_landed",
+    "ingest_committed",
 )
 
 _target: str | None = None

@@ -1,0 +1,1 @@
+"""pubcomp's cloud side: the ingest (broker -> landing zone) and the Spark jobs."""

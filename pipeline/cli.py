@@ -1,0 +1,36 @@
+"""Commands of the pipeline part: ``pubcomp ingest run`` (and the Spark jobs)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    ing = sub.add_parser("ingest", help="cloud broker -> landing zone, durably")
+    isub = ing.add_subparsers(dest="ingest_command", metavar="ACTION", required=True)
+    run = isub.add_parser("run", help="receive readings at QoS 2 into landing files")
+    run.add_argument("--broker", required=True, help="mqtt://host:port or mqtts://host:port")
+    run.add_argument("--client-id", required=True, help="also names this writer's files")
+    run.add_argument("--topic", default="telemetry/+/readings")
+    run.add_argument("--landing", required=True, help="landing directory")
+    run.add_argument("--shared-group", help="share the subscription ($share/G/..., MQTT 5)")
+    run.add_argument("--protocol", choices=("5", "3.1.1"), default="5")
+    run.add_argument("--keepalive", type=int, default=30)
+    run.add_argument("--username")
+    run.add_argument("--password-file")
+    run.add_argument("--ca-file")
+    run.add_argument("--cert-file")
+    run.add_argument("--key-file")
+    run.add_argument("--roll-mb", type=float, default=64.0, help="roll landing files at this size")
+    run.add_argument("--roll-s", type=float, default=60.0, help="roll landing files at this age")
+    run.set_defaults(handler=_run("ingest_run"))
+
+
+def _run(name: str) -> Any:
+    def handler(args: argparse.Namespace) -> int:
+        from . import commands
+
+        return getattr(commands, name)(args)
+
+    return handler

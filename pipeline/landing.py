@@ -1,0 +1,147 @@
+"""The landing zone: JSON lines, one reading a line, made visible to Spark only when complete.
+
+Layout under the landing root::
+
+    _incoming/{writer}-{stamp}-{n}.jsonl   being written (hidden: Spark skips "_" paths)
+    date=YYYY-MM-DD/{writer}-{stamp}-{n}.jsonl   rolled, complete, never changed again
+    _rejected/date=YYYY-MM-DD/{writer}-....jsonl   messages that did not parse, with the reason
+    _state/                                the ingest's QoS 2 packet ids
+
+Every append is fsynced before it returns (the caller acknowledges after it).
+Rolling: fsync the file, rename it into its date directory, fsync both
+directories, so a rolled file is either fully there or not at all. A file
+left in ``_incoming`` by a crash is rolled at the next start, its torn last
+line (a power cut mid-write) cut off first: that line was never
+acknowledged, so the broker will deliver its message again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _utc_stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+class LandingWriter:
+    """One writer's current file in ``dir_name`` (``""`` for readings, ``_rejected``)."""
+
+    def __init__(
+        self,
+        root: Path,
+        writer: str,
+        *,
+        sub: str = "",
+        max_bytes: int = 64 << 20,
+        max_age_s: float = 60.0,
+    ) -> None:
+        if not writer or "/" in writer or writer.startswith((".", "_")):
+            raise ValueError(f"writer name {writer!r} must be a plain file name part")
+        self.root = Path(root)
+        self.writer = writer
+        self.dest_root = self.root / sub if sub else self.root
+        self.incoming = self.root / "_incoming" / (sub or "readings")
+        self.max_bytes, self.max_age_s = max_bytes, max_age_s
+        self.incoming.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = None
+        self._path: Path | None = None
+        self._opened = 0.0
+        self._size = 0
+        self._n = 0
+        self.rolled_files = 0
+        self.recover()
+
+    # ------------------------------------------------------------ writing
+
+    def append(self, lines: Sequence[bytes]) -> None:
+        """Write complete lines (each ending in a newline) and fsync them."""
+        if not lines:
+            return
+        if self._fd is None:
+            self._open()
+        data = b"".join(lines)
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)  # type: ignore[arg-type]
+            view = view[n:]
+        os.fsync(self._fd)  # type: ignore[arg-type]
+        self._size += len(data)
+        if self._size >= self.max_bytes:
+            self.roll()
+
+    def maybe_roll(self) -> None:
+        if self._fd is not None and time.monotonic() - self._opened >= self.max_age_s:
+            self.roll()
+
+    def roll(self) -> Path | None:
+        """Make the current file visible (atomically); returns its final path."""
+        if self._fd is None or self._path is None:
+            return None
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        src, self._path = self._path, None
+        if self._size == 0:
+            src.unlink()
+            fsync_dir(self.incoming)
+            return None
+        return self._publish(src)
+
+    def close(self) -> None:
+        self.roll()
+
+    # ---------------------------------------------------------- internals
+
+    def _open(self) -> None:
+        self._n += 1
+        self._path = self.incoming / f"{self.writer}-{_utc_stamp()}-{self._n}.jsonl"
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        fsync_dir(self.incoming)  # the new name survives a power cut along with its data
+        self._opened = time.monotonic()
+        self._size = 0
+
+    def _publish(self, src: Path) -> Path:
+        day = datetime.now(UTC).strftime("%Y-%m-%d")
+        dest_dir = self.dest_root / f"date={day}"
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        dest = dest_dir / src.name
+        os.rename(src, dest)
+        fsync_dir(dest_dir)
+        fsync_dir(self.incoming)
+        self.rolled_files += 1
+        return dest
+
+    def recover(self) -> int:
+        """Roll this writer's files left in ``_incoming`` by a crash; returns how many."""
+        n = 0
+        for f in sorted(self.incoming.glob(f"{self.writer}-*.jsonl")):
+            data = f.read_bytes()
+            keep = data.rfind(b"\n") + 1
+            if keep < len(data):
+                log.warning("%s: cutting a torn last line (%d bytes)", f, len(data) - keep)
+                with open(f, "r+b") as fh:
+                    fh.truncate(keep)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            if keep == 0:
+                f.unlink()
+                continue
+            self._publish(f)
+            n += 1
+        return n
