@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-EXTRAS ?= dev
+EXTRAS ?= dev,pipeline
 
 .PHONY: demo test lint bench setup system-deps clean
 

@@ -26,6 +26,14 @@ def register(sub: Any) -> None:
     run.add_argument("--roll-s", type=float, default=60.0, help="roll landing files at this age")
     run.set_defaults(handler=_run("ingest_run"))
 
+    pipe = sub.add_parser("pipeline", help="the Spark jobs: dedup and rollups")
+    psub = pipe.add_subparsers(dest="pipeline_command", metavar="ACTION", required=True)
+    prun = psub.add_parser("run", help="process new landing files into the warehouse")
+    prun.add_argument("--landing", required=True, help="landing directory (or URL)")
+    prun.add_argument("--warehouse", required=True, help="warehouse directory (or URL)")
+    prun.add_argument("--master", help="Spark master (default: local[*], or spark-submit's)")
+    prun.set_defaults(handler=_run("pipeline_run"))
+
 
 def _run(name: str) -> Any:
     def handler(args: argparse.Namespace) -> int:

@@ -35,3 +35,11 @@ def ingest_run(args: argparse.Namespace) -> int:
     )
     print(json.dumps(run(ingest)), flush=True)
     return 0
+
+
+def pipeline_run(args: argparse.Namespace) -> int:
+    from .job import run
+
+    summary = run(args.landing, args.warehouse, args.master)
+    print(summary.line(), flush=True)
+    return 0

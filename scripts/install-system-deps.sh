@@ -7,6 +7,7 @@ need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)   # test certificates for mqtts://
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)   # verifies the unit files
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)   # Spark (pipeline/)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

@@ -16,6 +16,9 @@ and on the receiving side (the cloud ingest):
   PUBREC not yet sent
 - ``ingest_committed``:  packet ids committed, PUBREC not yet sent
 
+and in the Spark pipeline: ``pipeline_readings_written`` (a batch's readings
+written, its rollups and checkpoint not yet).
+
 Unset (production), ``crash_point`` costs one dictionary lookup.
 """
 
@@ -32,6 +35,7 @@ POINTS = (
     "pubcomp_received",
     "ingest_landed",
     "ingest_committed",
+    "pipeline_readings_written",
 )
 
 _target: str | None = None

@@ -26,3 +26,16 @@ def persistent_mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
     broker = Mosquitto(tmp_path / "broker", persistence=True).start()
     yield broker
     broker.kill()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local Spark for the whole test session (JVM start-up is the slow part)."""
+    pytest.importorskip("pyspark", reason="pyspark missing: make test installs it")
+    from pubcomp.pipeline.job import spark_session
+
+    session = spark_session("local[2]", app="pubcomp-tests")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

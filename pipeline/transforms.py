@@ -1,0 +1,241 @@
+"""The pipeline's transforms: named, pure DataFrame -> DataFrame functions with explicit schemas.
+
+No UDFs: everything is Spark SQL functions, so the plan stays in the JVM and
+a second engine (DuckDB, tests/) can state the same rules in plain SQL.
+
+Rules, all of them here:
+- a landing line that is not a JSON object with a string ``id``, ``origin``,
+  ``sensor`` and a parseable ``ts`` is quarantined with the reason; so is a
+  reading with an impossible value (NaN, infinite, or 1e15 and beyond, which
+  DECIMAL(18,3) cannot hold) or time (before 2000, or
+  more than a day after the ingest received it);
+- duplicates are the same ``id``; the copy the ingest received first wins
+  (then the smallest gateway name, so the choice is total and reruns agree);
+- rollups count, min, max, sum and mean the non-null values; ``sum`` is
+  DECIMAL(38,3) of the values rounded to 3 decimals, so re-aggregating minutes
+  into hours and hours into days is exact and reruns are bit-identical;
+  ``mean`` is one division of that sum; ``first``/``last`` are the values at
+  the earliest/latest ``ts`` (ties broken by ``id``); ``unit`` is the largest
+  unit string seen (one per sensor in practice).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DecimalType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+CORRUPT = "_corrupt_record"
+
+LANDING_SCHEMA = StructType(
+    [
+        StructField("id", StringType()),
+        StructField("origin", StringType()),
+        StructField("sensor", StringType()),
+        StructField("ts", StringType()),
+        StructField("value", DoubleType()),
+        StructField("unit", StringType()),
+        StructField("flags", ArrayType(StringType())),
+        StructField("gateway", StringType()),
+        StructField("received", StringType()),
+        StructField(CORRUPT, StringType()),
+    ]
+)
+
+READINGS_SCHEMA = StructType(
+    [
+        StructField("id", StringType(), False),
+        StructField("origin", StringType(), False),
+        StructField("sensor", StringType(), False),
+        StructField("ts", TimestampType(), False),
+        StructField("value", DoubleType()),
+        StructField("unit", StringType()),
+        StructField("flags", ArrayType(StringType())),
+        StructField("gateway", StringType()),
+        StructField("received", TimestampType()),
+        StructField("date", StringType(), False),
+        StructField("hour", IntegerType(), False),
+        StructField("batch", LongType(), False),
+    ]
+)
+
+SUM = DecimalType(38, 3)
+ROLLUP_FIELDS = [
+    StructField("origin", StringType(), False),
+    StructField("sensor", StringType(), False),
+    StructField("window_start", TimestampType(), False),
+    StructField("count", LongType(), False),
+    StructField("min", DoubleType()),
+    StructField("max", DoubleType()),
+    StructField("sum", SUM),
+    StructField("mean", DoubleType()),
+    StructField("first_value", DoubleType()),
+    StructField("first_ts", TimestampType()),
+    StructField("last_value", DoubleType()),
+    StructField("last_ts", TimestampType()),
+    StructField("unit", StringType()),
+]
+ROLLUP_1M_SCHEMA = StructType(
+    [*ROLLUP_FIELDS, StructField("date", StringType()), StructField("hour", IntegerType())]
+)
+ROLLUP_DAY_SCHEMA = StructType([*ROLLUP_FIELDS, StructField("date", StringType())])
+
+QUARANTINE_SCHEMA = StructType(
+    [
+        StructField("reason", StringType(), False),
+        StructField("line", StringType()),
+        StructField("id", StringType()),
+        StructField("batch", LongType(), False),
+    ]
+)
+
+TS_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
+MAX_ABS = 1e15  # DECIMAL(18,3) holds 15 integer digits
+EARLIEST = "2000-01-01 00:00:00"
+ROLLUP_COLUMNS = [f.name for f in ROLLUP_FIELDS]
+
+
+def parse_landing(lines: DataFrame) -> DataFrame:
+    """Typed times and the first reason (if any) the line cannot be kept."""
+    ts = F.try_to_timestamp("ts", F.lit(TS_FORMAT))
+    received = F.try_to_timestamp("received", F.lit(TS_FORMAT))
+    reason = (
+        F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed_line"))
+        .when(F.col("id").isNull() | (F.col("id") == ""), F.lit("missing_id"))
+        .when(F.col("origin").isNull(), F.lit("missing_origin"))
+        .when(F.col("sensor").isNull(), F.lit("missing_sensor"))
+        .when(ts.isNull(), F.lit("bad_ts"))
+        .when(F.isnan("value") | (F.abs("value") == F.lit(float("inf"))), F.lit("value_not_finite"))
+        .when(F.abs("value") >= F.lit(MAX_ABS), F.lit("value_out_of_range"))
+        .when(ts < F.lit(EARLIEST).cast(TimestampType()), F.lit("ts_before_2000"))
+        .when(
+            received.isNotNull() & (ts > received + F.expr("INTERVAL 1 DAY")),
+            F.lit("ts_in_future"),
+        )
+    )
+    return lines.select("*", ts.alias("ts_t"), received.alias("received_t"), reason.alias("reason"))
+
+
+def quarantined(parsed: DataFrame, batch: int) -> DataFrame:
+    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*LANDING_SCHEMA.names[:-1])))
+    return parsed.where(F.col("reason").isNotNull()).select(
+        "reason", line.alias("line"), "id", F.lit(batch).cast(LongType()).alias("batch")
+    )
+
+
+def valid_readings(parsed: DataFrame, batch: int) -> DataFrame:
+    """The keepable lines as the ``readings`` table's rows (duplicates still in)."""
+    return parsed.where(F.col("reason").isNull()).select(
+        "id",
+        "origin",
+        "sensor",
+        F.col("ts_t").alias("ts"),
+        "value",
+        "unit",
+        "flags",
+        "gateway",
+        F.col("received_t").alias("received"),
+        F.date_format("ts_t", "yyyy-MM-dd").alias("date"),
+        F.hour("ts_t").alias("hour"),
+        F.lit(batch).cast(LongType()).alias("batch"),
+    )
+
+
+def first_copy_per_id(readings: DataFrame) -> DataFrame:
+    """One row per id: the copy received first (then the smallest gateway)."""
+    order = F.struct(
+        F.coalesce("received", F.lit("9999-12-31").cast(TimestampType())),
+        F.coalesce("gateway", F.lit("")),
+    )
+    cols = [c for c in readings.columns if c != "id"]
+    best = F.min_by(F.struct(*cols), order)
+    return readings.groupBy("id").agg(best.alias("r")).select("id", "r.*")
+
+
+def not_seen_before(batch: DataFrame, earlier: DataFrame) -> DataFrame:
+    """Drop ids already in earlier batches (of the same hours: the caller prunes)."""
+    return batch.join(earlier.select("id"), "id", "left_anti")
+
+
+def _first_last(ts: Column, tie: Column, value: Column) -> list[Column]:
+    first = F.min_by(F.struct(value.alias("v"), ts.alias("t")), F.struct(ts, tie))
+    last = F.max_by(F.struct(value.alias("v"), ts.alias("t")), F.struct(ts, tie))
+    return [first.alias("first"), last.alias("last")]
+
+
+def _rollup_select(grouped_cols: list[str], extra: list[Column]) -> list[Column]:
+    return [
+        *[F.col(c) for c in grouped_cols],
+        F.col("count"),
+        F.col("min"),
+        F.col("max"),
+        F.col("sum"),
+        (F.col("sum").cast(DoubleType()) / F.col("count")).alias("mean"),
+        F.col("first.v").alias("first_value"),
+        F.col("first.t").alias("first_ts"),
+        F.col("last.v").alias("last_value"),
+        F.col("last.t").alias("last_ts"),
+        F.col("unit"),
+        *extra,
+    ]
+
+
+def rollup_minutes(readings: DataFrame) -> DataFrame:
+    """Per origin, sensor and minute, from deduplicated readings."""
+    r = readings.where(F.col("value").isNotNull())
+    window = F.date_trunc("minute", "ts").alias("window_start")
+    agg = r.groupBy("origin", "sensor", window).agg(
+        F.count("value").cast(LongType()).alias("count"),
+        F.min("value").alias("min"),
+        F.max("value").alias("max"),
+        F.sum(F.col("value").cast(DecimalType(18, 3))).cast(SUM).alias("sum"),
+        *_first_last(F.col("ts"), F.col("id"), F.col("value")),
+        F.max("unit").alias("unit"),
+    )
+    return agg.select(
+        _rollup_select(
+            ["origin", "sensor", "window_start"],
+            [
+                F.date_format("window_start", "yyyy-MM-dd").alias("date"),
+                F.hour("window_start").alias("hour"),
+            ],
+        )
+    )
+
+
+def rollup_up(finer: DataFrame, unit: str) -> DataFrame:
+    """Re-aggregate a rollup into hours or days: exact, since sums are decimals."""
+    window = F.date_trunc(unit, "window_start").alias("window_start")
+    # Ties between windows cannot happen (first_ts lies inside its own window), but
+    # the finer window_start makes the order total all the same.
+    agg = finer.groupBy("origin", "sensor", window).agg(
+        F.sum("count").cast(LongType()).alias("count"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        F.sum("sum").cast(SUM).alias("sum"),
+        F.min_by(
+            F.struct(F.col("first_value").alias("v"), F.col("first_ts").alias("t")),
+            F.struct("first_ts", "window_start"),
+        ).alias("first"),
+        F.max_by(
+            F.struct(F.col("last_value").alias("v"), F.col("last_ts").alias("t")),
+            F.struct("last_ts", "window_start"),
+        ).alias("last"),
+        F.max("unit").alias("unit"),
+    )
+    return agg.select(
+        _rollup_select(
+            ["origin", "sensor", "window_start"],
+            [F.date_format("window_start", "yyyy-MM-dd").alias("date")],
+        )
+    )
