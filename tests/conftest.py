@@ -14,6 +14,16 @@ from pubcomp.devbroker import Mosquitto
 # while pytest loads this file, compiles it early and shallow.
 
 
+@pytest.fixture(autouse=True)
+def _no_stray_processes() -> Iterator[None]:
+    """A failing test must not leave a gateway or an ingest running behind it."""
+    yield
+    from . import gateway_helpers, ingest_helpers
+
+    gateway_helpers.kill_stray()
+    ingest_helpers.kill_stray()
+
+
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
     broker = Mosquitto(tmp_path / "broker").start()

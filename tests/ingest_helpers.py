@@ -12,6 +12,8 @@ from pathlib import Path
 
 
 class IngestProc:
+    live: list[subprocess.Popen[str]] = []  # killed by the tests' teardown if still running
+
     def __init__(self, port: int, landing: Path, client_id: str = "ingest-1", *extra: str):
         self.port, self.landing, self.client_id, self.extra = port, landing, client_id, extra
         self.log = landing.parent / f"{client_id}.log"
@@ -33,6 +35,7 @@ class IngestProc:
             self.proc = subprocess.Popen(
                 [*cmd, *self.extra], env=env, stdout=subprocess.PIPE, stderr=f, text=True
             )
+        IngestProc.live.append(self.proc)
         if wait:
             self.wait_subscribed(mark)
         return self
@@ -61,7 +64,11 @@ def landed(landing: Path, rolled_only: bool = True) -> collections.Counter[str]:
     if not rolled_only:
         files += list((landing / "_incoming" / "readings").glob("*.jsonl"))
     for f in files:
-        for line in f.read_text().splitlines():
+        try:
+            text = f.read_text()
+        except FileNotFoundError:  # rolled away between the listing and the read
+            continue
+        for line in text.splitlines():
             counts[json.loads(line)["id"]] += 1
     return counts
 
@@ -72,3 +79,11 @@ def rejected(landing: Path) -> list[dict[str, str]]:
         for f in sorted(landing.glob("_rejected/date=*/*.jsonl"))
         for line in f.read_text().splitlines()
     ]
+
+
+def kill_stray() -> None:
+    for p in IngestProc.live:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    IngestProc.live.clear()

@@ -1,0 +1,171 @@
+"""Pipeline benchmark: ``pubcomp pipeline run`` against a plain Spark batch job and DuckDB.
+
+Same run, same landing files (synthetic: 1,000 sensors, 100 origins, 5%
+duplicates, 1% late by up to 90 minutes):
+
+- full run: the incremental pipeline on an empty warehouse, a plain Spark batch
+  job doing the same parse/dedup/rollups in one pass (no checkpoint, no
+  anti-join, no re-reads), and DuckDB doing the same from the same files; the
+  pipeline's tables are compared with DuckDB's (they must be equal);
+- incremental: M new readings on top of the N, against the same M on an empty
+  warehouse (cost should follow new data, not history);
+- ingest: readings/s landed durably by ``pubcomp ingest run`` from G uplinks
+  publishing at once through a local Mosquitto.
+
+Targets (issue 5): full run <= 3x the plain batch job; incremental <= 1.5x the
+empty-warehouse run; ingest >= 20,000 readings/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+from pubcomp.pipeline import transforms as T  # noqa: E402
+from pubcomp.pipeline.job import Pipeline, spark_session  # noqa: E402
+from pubcomp.pipeline.synth import write_landing  # noqa: E402
+from tests import duckdb_reference as ref  # noqa: E402
+
+
+def plain_batch(spark, landing: Path, out: Path) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    lines = (
+        spark.read.schema(T.LANDING_SCHEMA)
+        .option("columnNameOfCorruptRecord", T.CORRUPT)
+        .option("recursiveFileLookup", "true")
+        .json(str(landing))
+    )
+    readings = T.first_copy_per_id(T.valid_readings(T.parse_landing(lines), 0)).persist()
+    readings.write.mode("overwrite").partitionBy("date", "hour").parquet(str(out / "readings"))
+    m = T.rollup_minutes(readings).persist()
+    m.write.mode("overwrite").partitionBy("date", "hour").parquet(str(out / "rollup_1m"))
+    h = T.rollup_up(m, "hour").persist()
+    h.write.mode("overwrite").partitionBy("date").parquet(str(out / "rollup_1h"))
+    T.rollup_up(h, "day").write.mode("overwrite").partitionBy("date").parquet(
+        str(out / "rollup_1d")
+    )
+    for df in (readings, m, h):
+        df.unpersist()
+    return time.monotonic() - t0
+
+
+def _lines(landing: Path) -> int:
+    n = 0
+    for f in [*landing.glob("date=*/*.jsonl"), *landing.glob("_incoming/readings/*.jsonl")]:
+        with contextlib.suppress(FileNotFoundError):  # rolled between listing and read
+            n += f.read_bytes().count(b"\n")
+    return n
+
+
+def ingest_rate(tmp: Path, gateways: int, per_gateway: int) -> float:
+    from pubcomp.devbroker import Mosquitto
+    from tests.ingest_helpers import IngestProc
+    from tests.uplink_helpers import fill_store, start_uplink
+
+    broker = Mosquitto(tmp / "broker").start()
+    try:
+        landing = tmp / "ingest-landing"
+        ing = IngestProc(broker.port, landing, "bench-ingest").start()
+        for g in range(gateways):
+            fill_store(tmp / f"gw{g}.db", per_gateway, gateway=f"gw{g}")
+        t0 = time.monotonic()
+        ups = [
+            start_uplink(
+                tmp / f"gw{g}.db", broker.url, "--exit-when-drained", "--client-id", f"gw{g}"
+            )
+            for g in range(gateways)
+        ]
+        for u in ups:
+            u.wait(600)
+        want = gateways * per_gateway
+        for u in ups:
+            assert u.returncode == 0, u.stderr.read() if u.stderr else ""
+        while _lines(landing) < want:  # counting newlines: cheap, unlike parsing
+            time.sleep(0.2)
+        elapsed = time.monotonic() - t0
+        ing.stop()
+        return want / elapsed
+    finally:
+        broker.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--readings", type=int, default=10_000_000)
+    ap.add_argument("--incremental", type=int, default=1_000_000)
+    ap.add_argument("--gateways", type=int, default=10)
+    ap.add_argument("--per-gateway", type=int, default=50_000)
+    ap.add_argument("--master", default="local[*]")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        landing, extra = tmp / "landing", tmp / "extra"
+        t0 = time.monotonic()
+        chunks = 10
+        lines = 0
+        for c in range(chunks):
+            lines += write_landing(
+                landing, args.readings // chunks, origins=100, sensors=1000, seed=c + 1,
+                id_offset=c * (args.readings // chunks), files=4,
+            )  # fmt: skip
+        write_landing(extra, args.incremental, origins=100, sensors=1000, seed=99, id_offset=10**9)
+        print(f"generated {lines:,} landing lines in {time.monotonic() - t0:.0f} s", flush=True)
+        spark = spark_session(args.master, app="pubcomp-bench")
+        spark.sparkContext.setLogLevel("ERROR")
+        # Warm the JVM up on a small sample, so neither contender pays for it.
+        write_landing(tmp / "warm", 20_000, seed=42)
+        plain_batch(spark, tmp / "warm", tmp / "warm-out")
+
+        plain_s = plain_batch(spark, landing, tmp / "plain")
+        full = Pipeline(spark, str(landing), str(tmp / "wh")).run()
+        t0 = time.monotonic()
+        con = ref.build(landing)
+        duck_s = time.monotonic() - t0
+        same = ref.compare(con, tmp / "wh")
+        equal = all(a == b == 0 for _, a, b in same.values())
+
+        # Incremental: the extra readings on top of the full warehouse, and alone.
+        for f in extra.rglob("*.jsonl"):
+            dest = landing / f.relative_to(extra)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, dest)
+        inc = Pipeline(spark, str(landing), str(tmp / "wh")).run()
+        alone = Pipeline(spark, str(extra), str(tmp / "wh-alone")).run()
+        spark.stop()
+        rate = ingest_rate(tmp, args.gateways, args.per_gateway)
+
+    n = args.readings
+    print(f"pipeline, {n:,} readings ({lines - n:,} duplicate lines), {args.master}")
+    print(f"{'':44}{'seconds':>10}{'readings/s':>14}{'ratio':>8}")
+    rows = [
+        ("pubcomp pipeline run (incremental design)", full.seconds),
+        ("plain Spark batch job (peer)", plain_s),
+        ("DuckDB, same dedup and rollups", duck_s),
+    ]
+    for label, secs in rows:
+        print(f"  {label:42}{secs:>10.1f}{n / secs:>14,.0f}{secs / plain_s:>8.2f}")
+    verdict = "equal" if equal else f"DIFFERENT {same}"
+    print(f"  pipeline tables vs DuckDB: {verdict} ({same['readings'][0]:,} readings)")
+    print(
+        f"incremental: {args.incremental:,} new on top of {n:,}: {inc.seconds:.1f} s; "
+        f"the same on an empty warehouse: {alone.seconds:.1f} s; "
+        f"ratio {inc.seconds / alone.seconds:.2f}"
+    )
+    print(
+        f"ingest: {rate:,.0f} readings/s landed (fsync before PUBREC) from "
+        f"{args.gateways} uplinks x {args.per_gateway:,} readings"
+    )
+    return 0 if equal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
