@@ -70,3 +70,28 @@ def test_gateway_bench_runs_and_prints_its_ratios() -> None:
     assert res.returncode == 0, res.stderr
     assert "readings/s acknowledged" in res.stdout and "peak RSS" in res.stdout
     assert "ratio" in res.stdout
+
+
+def test_pipeline_bench_runs_and_agrees_with_duckdb() -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "pipeline.py"),
+            "--readings",
+            "20000",
+            "--incremental",
+            "2000",
+            "--gateways",
+            "2",
+            "--per-gateway",
+            "1000",
+            "--master",
+            "local[2]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "pipeline tables vs DuckDB: equal" in res.stdout
+    assert "plain Spark batch job" in res.stdout and "ingest:" in res.stdout

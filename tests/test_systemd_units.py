@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
-UNITS = sorted((Path(__file__).parent.parent / "systemd").glob("*.service"))
+UNITS = sorted(
+    p
+    for p in (Path(__file__).parent.parent / "systemd").iterdir()
+    if p.suffix in (".service", ".timer")
+)
 INSTALLED = "/opt/pubcomp/venv/bin/pubcomp"
 
 pytestmark = pytest.mark.skipif(
