@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +118,14 @@ def main() -> int:
                 landing, args.readings // chunks, origins=100, sensors=1000, seed=c + 1,
                 id_offset=c * (args.readings // chunks), files=4,
             )  # fmt: skip
-        write_landing(extra, args.incremental, origins=100, sensors=1000, seed=99, id_offset=10**9)
+        # The increment is what a fleet delivers next: the following hours (with their
+        # own 1% late readings), not a scatter over all of history.
+        history_s = 2 * 86400.0
+        write_landing(
+            extra, args.incremental, origins=100, sensors=1000, seed=99, id_offset=10**9,
+            start=datetime(2026, 11, 20, tzinfo=UTC) + timedelta(seconds=history_s),
+            span_s=history_s * args.incremental / args.readings,
+        )  # fmt: skip
         print(f"generated {lines:,} landing lines in {time.monotonic() - t0:.0f} s", flush=True)
         spark = spark_session(args.master, app="pubcomp-bench")
         spark.sparkContext.setLogLevel("ERROR")
