@@ -7,8 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from pubcomp.sync.client import ConnectOptions, TLSOptions
-from pubcomp.sync.packets import MQTT_5, MQTT_311
+from pubcomp.sync.commands import uplink_options
 
 log = logging.getLogger(__name__)
 
@@ -16,14 +15,7 @@ log = logging.getLogger(__name__)
 def ingest_run(args: argparse.Namespace) -> int:
     from .ingest import Ingest, run
 
-    opts = ConnectOptions(
-        client_id=args.client_id,
-        version=MQTT_5 if args.protocol == "5" else MQTT_311,
-        keepalive=args.keepalive,
-        username=args.username,
-        password_file=args.password_file,
-        tls=TLSOptions(args.ca_file, args.cert_file, args.key_file),
-    )
+    opts = uplink_options(args)  # the same connection arguments as `pubcomp uplink run`
     ingest = Ingest(
         args.broker,
         opts,

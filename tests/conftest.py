@@ -18,10 +18,9 @@ from pubcomp.devbroker import Mosquitto
 def _no_stray_processes() -> Iterator[None]:
     """A failing test must not leave a gateway or an ingest running behind it."""
     yield
-    from . import gateway_helpers, ingest_helpers
+    from .procs import kill_stray
 
-    gateway_helpers.kill_stray()
-    ingest_helpers.kill_stray()
+    kill_stray()
 
 
 @pytest.fixture

@@ -20,11 +20,11 @@ import yaml
 from pubcomp.devbroker import free_port
 from pubcomp.gateway.credentials import hash_password
 
+from .procs import track
+
 
 class GatewayProc:
     """A fleet file for one gateway, and the process running it."""
-
-    live: list[subprocess.Popen[str]] = []  # killed by the tests' teardown if still running
 
     def __init__(
         self,
@@ -72,7 +72,7 @@ class GatewayProc:
                 text=True,
                 env={**os.environ, **(env or {})},
             )
-        GatewayProc.live.append(self.proc)
+        track(self.proc)
         if wait:
             self.wait_healthy()
         return self
@@ -184,11 +184,3 @@ class PahoNode:
 
     def reading_ids(self) -> set[str]:
         return {f"{self.node}/{self.boot}/{s}.{i}" for s in self.acked for i in range(self.per_msg)}
-
-
-def kill_stray() -> None:
-    for p in GatewayProc.live:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    GatewayProc.live.clear()

@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+from .procs import track
+
 
 class IngestProc:
-    live: list[subprocess.Popen[str]] = []  # killed by the tests' teardown if still running
-
     def __init__(self, port: int, landing: Path, client_id: str = "ingest-1", *extra: str):
         self.port, self.landing, self.client_id, self.extra = port, landing, client_id, extra
         self.log = landing.parent / f"{client_id}.log"
@@ -35,7 +35,7 @@ class IngestProc:
             self.proc = subprocess.Popen(
                 [*cmd, *self.extra], env=env, stdout=subprocess.PIPE, stderr=f, text=True
             )
-        IngestProc.live.append(self.proc)
+        track(self.proc)
         if wait:
             self.wait_subscribed(mark)
         return self
@@ -79,11 +79,3 @@ def rejected(landing: Path) -> list[dict[str, str]]:
         for f in sorted(landing.glob("_rejected/date=*/*.jsonl"))
         for line in f.read_text().splitlines()
     ]
-
-
-def kill_stray() -> None:
-    for p in IngestProc.live:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    IngestProc.live.clear()

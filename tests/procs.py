@@ -1,0 +1,20 @@
+"""Processes the tests start (gateways, ingests): a failing test must not leave them running."""
+
+from __future__ import annotations
+
+import subprocess
+
+_live: list[subprocess.Popen[str]] = []
+
+
+def track(proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
+    _live.append(proc)
+    return proc
+
+
+def kill_stray() -> None:
+    for p in _live:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    _live.clear()
