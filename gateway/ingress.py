@@ -19,17 +19,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import ssl
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from importlib import resources
 from typing import Any
 
-import jsonschema
-
+from pubcomp.sync import wire
 from pubcomp.sync.codec import Decoder, ProtocolError, encode
 from pubcomp.sync.packets import (
     MQTT_5,
@@ -62,15 +59,6 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 10.0
 RECEIVE_MAXIMUM = 20
 HEADROOM = 512  # fixed header, topic and properties around a payload
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")  # json.loads would accept NaN and Infinity
-
-
-def _schema_validator() -> jsonschema.protocols.Validator:
-    text = resources.files("pubcomp.sync").joinpath("schemas/node-readings.v1.json").read_text()
-    return jsonschema.Draft202012Validator(json.loads(text))
 
 
 @dataclass
@@ -115,7 +103,7 @@ class Ingress:
         self.cfg = config
         # clock.stamp(mono) -> (ISO time, flags) for messages without a time of their own.
         self.clock = clock
-        self.validator = _schema_validator()
+        self.validator = wire.validator(wire.NODE_SCHEMA)
         self._verifier = Verifier()
         self.stats: dict[str, NodeStats] = collections.defaultdict(NodeStats)
         self.rejected_connections: collections.Counter[str] = collections.Counter()
@@ -333,7 +321,7 @@ class Ingress:
         if len(pkt.payload) > self.cfg.max_payload_bytes:
             return (Reason.PACKET_TOO_LARGE, "oversize"), [], None
         try:
-            msg = json.loads(pkt.payload, parse_constant=_no_constants)
+            msg = wire.loads(pkt.payload)
         except (ValueError, UnicodeDecodeError):
             return (Reason.PAYLOAD_FORMAT_INVALID, "invalid_json"), [], None
         error = next(self.validator.iter_errors(msg), None)

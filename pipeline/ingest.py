@@ -27,12 +27,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
+from pubcomp.sync import wire
 from pubcomp.sync.client import (
     Backoff,
     BrokerURL,
@@ -61,15 +59,6 @@ from .landing import LandingWriter
 log = logging.getLogger(__name__)
 
 SUBSCRIBE_ID = 1
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _validator() -> jsonschema.protocols.Validator:
-    text = resources.files("pubcomp.sync").joinpath("schemas/cloud-readings.v1.json").read_text()
-    return jsonschema.Draft202012Validator(json.loads(text))
 
 
 @dataclass
@@ -120,7 +109,7 @@ class Ingest:
         state = self.landing / "_state"
         self.store = Store(state / f"ingest-{writer}.db", gateway_id=writer, reserve_bytes=0)
         self.session_key = f"{self.url}#{writer}"
-        self.validator = _validator()
+        self.validator = wire.validator(wire.CLOUD_SCHEMA)
         self.stats = IngestStats()
 
     # ------------------------------------------------------------ running
@@ -244,7 +233,7 @@ class Ingest:
 
     def _lines(self, pkt: Publish, received: str) -> tuple[list[bytes], str | None]:
         try:
-            msg = json.loads(pkt.payload, parse_constant=_no_constants)
+            msg = wire.loads(pkt.payload)
         except (ValueError, UnicodeDecodeError) as exc:
             return [], f"not_json: {exc}"
         err = next(iter(self.validator.iter_errors(msg)), None)

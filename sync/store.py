@@ -217,7 +217,7 @@ class Store:
             src = Path(str(self.path) + suffix)
             if src.exists():
                 src.rename(Path(str(aside) + suffix))
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         log.error(
             "store %s is corrupt (%s); moved aside to %s and started a new store "
             "(new epoch). The old file is kept for recovery.",
@@ -800,7 +800,8 @@ def _disk_full(exc: sqlite3.OperationalError) -> bool:
     return "full" in str(exc)  # SQLITE_FULL: "database or disk is full"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a create, a rename) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
