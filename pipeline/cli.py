@@ -33,6 +33,13 @@ def register(sub: Any) -> None:
     prun.add_argument("--warehouse", required=True, help="warehouse directory (or URL)")
     prun.add_argument("--master", help="Spark master (default: local[*], or spark-submit's)")
     prun.set_defaults(handler=_run("pipeline_run"))
+    rep = psub.add_parser("report", help="an HTML page of the fleet: rollup charts, data quality")
+    rep.add_argument("--warehouse", required=True, help="warehouse directory (or URL)")
+    rep.add_argument("--out", default="report.html", help="the HTML file to write")
+    rep.add_argument("--master", help="Spark master (default: local[*])")
+    rep.add_argument("--max-origins", type=int, default=40, help="origins charted (all tabled)")
+    rep.add_argument("--max-sensors", type=int, default=12, help="sensors charted per origin")
+    rep.set_defaults(handler=_run("pipeline_report"))
 
 
 def _run(name: str) -> Any:

@@ -35,3 +35,23 @@ def pipeline_run(args: argparse.Namespace) -> int:
     summary = run(args.landing, args.warehouse, args.master)
     print(summary.line(), flush=True)
     return 0
+
+
+def pipeline_report(args: argparse.Namespace) -> int:
+    from .job import spark_session
+    from .report import write
+
+    spark = spark_session(args.master, app="pubcomp-report")
+    out = Path(args.out)
+    facts = write(
+        spark, args.warehouse, out, max_origins=args.max_origins, max_sensors=args.max_sensors
+    )
+    t = facts.totals
+    print(
+        f"wrote {out.resolve()}: {t['origins']} origins, {t['sensors']} sensors, "
+        f"{t['kept']:,} readings, {t['duplicates_removed']:,} duplicates removed, "
+        f"{t['late']:,} late, {t['clock_flagged']:,} clock-flagged, "
+        f"{t['quarantined']:,} quarantined",
+        flush=True,
+    )
+    return 0

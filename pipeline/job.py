@@ -12,7 +12,10 @@ write:
 - ``rollup_1m`` recomputed from ``readings`` for the hours the batch touched;
   ``rollup_1h`` from ``rollup_1m`` and ``rollup_1d`` from ``rollup_1h`` for the
   dates it touched;
-- ``quarantine`` (by batch): lines that cannot be kept, with the reason.
+- ``quarantine`` (by batch): lines that cannot be kept, with the reason;
+- ``quality`` (by batch): per origin and sensor, lines in, kept, duplicates
+  removed, late and clock-flagged readings (what ``pubcomp pipeline report``
+  shows without scanning all of ``readings``).
 
 No watermark: a reading a week late re-opens its hour and day (docs/pipeline.md).
 """
@@ -151,6 +154,9 @@ class Pipeline:
             new.write.mode("overwrite").partitionBy("date", "hour", "batch").parquet(
                 self.path("readings")
             )
+            T.quality(good, new, batch_id).coalesce(1).write.mode("overwrite").partitionBy(
+                "batch"
+            ).parquet(self.path("quality"))
         finally:
             new.unpersist()
         s.partitions_rewritten["readings"] += len(hours)

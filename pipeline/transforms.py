@@ -16,7 +16,11 @@ Rules, all of them here:
   into hours and hours into days is exact and reruns are bit-identical;
   ``mean`` is one division of that sum; ``first``/``last`` are the values at
   the earliest/latest ``ts`` (ties broken by ``id``); ``unit`` is the largest
-  unit string seen (one per sensor in practice).
+  unit string seen (one per sensor in practice);
+- data quality per batch, origin and sensor: valid lines in, readings kept,
+  duplicates removed (in minus kept), and of the kept readings the late ones
+  (received more than ``LATE_AFTER_S`` after their ``ts``) and the
+  clock-flagged ones (``clock_unsynced`` or ``clock_corrected``).
 """
 
 from __future__ import annotations
@@ -95,6 +99,22 @@ QUARANTINE_SCHEMA = StructType(
         StructField("reason", StringType(), False),
         StructField("line", StringType()),
         StructField("id", StringType()),
+        StructField("origin", StringType()),
+        StructField("sensor", StringType()),
+        StructField("batch", LongType(), False),
+    ]
+)
+
+QUALITY_SCHEMA = StructType(
+    [
+        StructField("origin", StringType(), False),
+        StructField("sensor", StringType(), False),
+        StructField("lines_in", LongType(), False),
+        StructField("kept", LongType(), False),
+        StructField("duplicates_removed", LongType(), False),
+        StructField("late", LongType(), False),
+        StructField("clock_flagged", LongType(), False),
+        StructField("max_delay_s", DoubleType()),
         StructField("batch", LongType(), False),
     ]
 )
@@ -102,6 +122,10 @@ QUARANTINE_SCHEMA = StructType(
 TS_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
 MAX_ABS = 1e15  # DECIMAL(18,3) holds 15 integer digits
 EARLIEST = "2000-01-01 00:00:00"
+# A reading is late when it reaches the cloud more than this after it was taken:
+# longer than the pipeline timer's period, so its minute was likely rolled up already.
+LATE_AFTER_S = 600
+CLOCK_FLAGS = ("clock_unsynced", "clock_corrected")
 ROLLUP_COLUMNS = [f.name for f in ROLLUP_FIELDS]
 
 
@@ -129,7 +153,12 @@ def parse_landing(lines: DataFrame) -> DataFrame:
 def quarantined(parsed: DataFrame, batch: int) -> DataFrame:
     line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*LANDING_SCHEMA.names[:-1])))
     return parsed.where(F.col("reason").isNotNull()).select(
-        "reason", line.alias("line"), "id", F.lit(batch).cast(LongType()).alias("batch")
+        "reason",
+        line.alias("line"),
+        "id",
+        "origin",
+        "sensor",
+        F.lit(batch).cast(LongType()).alias("batch"),
     )
 
 
@@ -165,6 +194,35 @@ def first_copy_per_id(readings: DataFrame) -> DataFrame:
 def not_seen_before(batch: DataFrame, earlier: DataFrame) -> DataFrame:
     """Drop ids already in earlier batches (of the same hours: the caller prunes)."""
     return batch.join(earlier.select("id"), "id", "left_anti")
+
+
+def quality(valid: DataFrame, kept: DataFrame, batch: int) -> DataFrame:
+    """Per origin and sensor in one batch: what came in, what was kept, and how it looked."""
+    # Seconds from taking a reading to the ingest receiving it (null without ``received``).
+    delay = (F.unix_micros("received") - F.unix_micros("ts")) / F.lit(1e6)
+    clock = F.arrays_overlap(
+        F.coalesce("flags", F.array().cast("array<string>")),
+        F.array(*[F.lit(f) for f in CLOCK_FLAGS]),
+    )
+    came = valid.groupBy("origin", "sensor").agg(F.count(F.lit(1)).alias("lines_in"))
+    stayed = kept.groupBy("origin", "sensor").agg(
+        F.count(F.lit(1)).alias("kept"),
+        F.count_if(delay > F.lit(LATE_AFTER_S)).alias("late"),
+        F.count_if(clock).alias("clock_flagged"),
+        F.max(delay).alias("max_delay_s"),
+    )
+    zero = F.lit(0).cast(LongType())
+    return came.join(stayed, ["origin", "sensor"], "left").select(
+        "origin",
+        "sensor",
+        F.col("lines_in").cast(LongType()).alias("lines_in"),
+        F.coalesce(F.col("kept").cast(LongType()), zero).alias("kept"),
+        (F.col("lines_in") - F.coalesce("kept", zero)).cast(LongType()).alias("duplicates_removed"),
+        F.coalesce(F.col("late").cast(LongType()), zero).alias("late"),
+        F.coalesce(F.col("clock_flagged").cast(LongType()), zero).alias("clock_flagged"),
+        F.col("max_delay_s").cast(DoubleType()).alias("max_delay_s"),
+        F.lit(batch).cast(LongType()).alias("batch"),
+    )
 
 
 def _first_last(ts: Column, tie: Column, value: Column) -> list[Column]:

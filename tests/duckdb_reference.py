@@ -102,3 +102,19 @@ def compare(con: duckdb.DuckDBPyConnection, warehouse: Path) -> dict[str, tuple[
         rows = con.execute(f"SELECT count(*) FROM {table}").fetchone()
         out[table] = (rows[0], only_spark[0], only_duck[0])  # type: ignore[index]
     return out
+
+
+def quality(con: duckdb.DuckDBPyConnection, late_after_s: int) -> dict[tuple[str, str], tuple]:
+    """Per (origin, sensor): (readings kept, duplicates removed, late, clock-flagged)."""
+    rows = con.execute(
+        f"""
+        SELECT v.origin, v.sensor, k.kept, v.n - k.kept, k.late, k.clock
+        FROM (SELECT origin, sensor, count(*) AS n FROM valid GROUP BY ALL) v
+        JOIN (SELECT origin, sensor, count(*) AS kept,
+                     count(*) FILTER (WHERE epoch(received) - epoch(ts) > {late_after_s}) AS late,
+                     count(*) FILTER (WHERE list_contains(flags, 'clock_unsynced')
+                                         OR list_contains(flags, 'clock_corrected')) AS clock
+              FROM readings GROUP BY ALL) k USING (origin, sensor)
+        """
+    ).fetchall()
+    return {(o, s): tuple(rest) for o, s, *rest in rows}

@@ -1,0 +1,347 @@
+"""``pubcomp pipeline report``: one self-contained HTML page that shows the fleet.
+
+Everything comes from the warehouse the pipeline wrote: the rollups for the
+pictures, the per-batch ``quality`` and ``quarantine`` tables for the
+data-quality table, ``_runs`` for the recent runs. Only small aggregates leave
+Spark; ``readings`` is never scanned, so the report costs the same on a year of
+data as on a day.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from . import charts
+from . import transforms as T
+
+log = logging.getLogger(__name__)
+
+# Finest rollup whose windows still fit a readable chart over the data's span.
+LEVELS = (("rollup_1m", "minute", timedelta(hours=6)), ("rollup_1h", "hour", timedelta(days=14)))
+COARSEST = ("rollup_1d", "day")
+
+
+@dataclass
+class QualityRow:
+    origin: str
+    sensor: str
+    lines_in: int = 0
+    kept: int = 0
+    duplicates_removed: int = 0
+    late: int = 0
+    clock_flagged: int = 0
+    max_delay_s: float | None = None
+    last_ts: datetime | None = None
+    unit: str = ""
+
+
+@dataclass
+class Facts:
+    warehouse: str
+    level: str = ""
+    per: str = ""
+    first: datetime | None = None
+    last: datetime | None = None
+    quality: list[QualityRow] = field(default_factory=list)
+    quarantine: dict[str, dict[str, int]] = field(default_factory=dict)  # origin -> reason -> n
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    heatmap: bytes = b""
+    panels: dict[str, bytes] = field(default_factory=dict)  # origin -> PNG
+    not_charted: list[str] = field(default_factory=list)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        keys = ("lines_in", "kept", "duplicates_removed", "late", "clock_flagged")
+        out = {k: sum(getattr(q, k) for q in self.quality) for k in keys}
+        out["quarantined"] = sum(sum(r.values()) for r in self.quarantine.values())
+        out["origins"] = len({q.origin for q in self.quality})
+        out["sensors"] = len(self.quality)
+        return out
+
+
+def _utc(micros: int | None) -> datetime | None:
+    if micros is None:
+        return None
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+
+
+class Report:
+    def __init__(
+        self, spark: SparkSession, warehouse: str, max_origins: int = 40, max_sensors: int = 12
+    ) -> None:
+        self.spark = spark
+        self.wh = warehouse.rstrip("/")
+        self.max_origins = max_origins
+        self.max_sensors = max_sensors
+
+    def _table(self, name: str, schema: Any) -> DataFrame | None:
+        jvm = self.spark._jvm  # type: ignore[attr-defined]
+        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        p = jvm.org.apache.hadoop.fs.Path(f"{self.wh}/{name}")
+        if not p.getFileSystem(conf).exists(p):
+            return None
+        return self.spark.read.schema(schema).parquet(f"{self.wh}/{name}")
+
+    def facts(self) -> Facts:
+        f = Facts(self.wh)
+        days = self._table("rollup_1d", T.ROLLUP_DAY_SCHEMA)
+        if days is None:
+            return f
+        self._quality(f, days)
+        self._quarantine(f)
+        self._runs(f)
+        span = days.agg(F.unix_micros(F.min("first_ts")), F.unix_micros(F.max("last_ts"))).first()
+        f.first, f.last = _utc(span[0]), _utc(span[1])  # type: ignore[index]
+        if f.first is None or f.last is None:
+            return f
+        f.level, f.per = COARSEST
+        for level, per, fits in LEVELS:
+            if f.last - f.first <= fits:
+                f.level, f.per = level, per
+                break
+        schema = {"rollup_1m": T.ROLLUP_1M_SCHEMA}.get(f.level, T.ROLLUP_DAY_SCHEMA)
+        windows = self._table(f.level, schema)
+        assert windows is not None  # rollup_1d exists, and it is written last
+        self._heatmap(f, windows)
+        self._panels(f, windows)
+        return f
+
+    def _quality(self, f: Facts, days: DataFrame) -> None:
+        rows: dict[tuple[str, str], QualityRow] = {}
+        last = days.groupBy("origin", "sensor").agg(
+            F.unix_micros(F.max("last_ts")).alias("last"), F.max("unit").alias("unit")
+        )
+        for r in last.collect():
+            rows[(r.origin, r.sensor)] = QualityRow(
+                r.origin, r.sensor, last_ts=_utc(r["last"]), unit=r.unit or ""
+            )
+        q = self._table("quality", T.QUALITY_SCHEMA)
+        if q is not None:
+            sums = q.groupBy("origin", "sensor").agg(
+                *[
+                    F.sum(c).alias(c)
+                    for c in ("lines_in", "kept", "duplicates_removed", "late", "clock_flagged")
+                ],
+                F.max("max_delay_s").alias("max_delay_s"),
+            )
+            for r in sums.collect():
+                row = rows.setdefault((r.origin, r.sensor), QualityRow(r.origin, r.sensor))
+                row.lines_in, row.kept = int(r.lines_in), int(r.kept)
+                row.duplicates_removed = int(r.duplicates_removed)
+                row.late, row.clock_flagged = int(r.late), int(r.clock_flagged)
+                row.max_delay_s = r.max_delay_s
+        f.quality = sorted(rows.values(), key=lambda q: (q.origin, q.sensor))
+
+    def _quarantine(self, f: Facts) -> None:
+        q = self._table("quarantine", T.QUARANTINE_SCHEMA)
+        if q is None:
+            return
+        counts = q.groupBy(F.coalesce("origin", F.lit("(unreadable)")).alias("o"), "reason")
+        for r in counts.count().collect():
+            f.quarantine.setdefault(r.o, {})[r.reason] = int(r["count"])
+
+    def _runs(self, f: Facts) -> None:
+        local = Path(f"{self.wh}/_runs")
+        if "://" in self.wh:  # a cluster file system: through Spark
+            df = self.spark.read.option("multiLine", "true").json(f"{self.wh}/_runs")
+            runs = [json.loads(j) for j in df.toJSON().collect()]
+        else:
+            runs = [json.loads(p.read_text()) for p in local.glob("run-*.json")]
+        f.runs = sorted(runs, key=lambda r: r.get("started", ""))[-20:]
+
+    def _charted(self, f: Facts) -> dict[str, list[str]]:
+        by_origin: dict[str, list[str]] = {}
+        for q in f.quality:
+            by_origin.setdefault(q.origin, []).append(q.sensor)
+        origins = sorted(by_origin)
+        f.not_charted = origins[self.max_origins :]
+        return {o: by_origin[o][: self.max_sensors] for o in origins[: self.max_origins]}
+
+    def _heatmap(self, f: Facts, windows: DataFrame) -> None:
+        per_origin = windows.groupBy("origin", F.unix_micros("window_start").alias("w")).agg(
+            F.sum("count").alias("n")
+        )
+        rows = per_origin.collect()
+        if not rows:
+            return
+        origins = sorted({r.origin for r in rows})
+        starts = sorted({r.w for r in rows})
+        step = {"minute": 60, "hour": 3600}.get(f.per, 86400) * 1_000_000
+        grid = list(range(starts[0], starts[-1] + step, step))  # gaps are columns too
+        col = {w: i for i, w in enumerate(grid)}
+        row = {o: i for i, o in enumerate(origins)}
+        counts = np.zeros((len(origins), len(grid)))
+        for r in rows:
+            counts[row[r.origin], col[r.w]] = r.n
+        f.heatmap = charts.fleet_heatmap(origins, [_utc(w) for w in grid], counts, f.per)  # type: ignore[misc]
+
+    def _panels(self, f: Facts, windows: DataFrame) -> None:
+        charted = self._charted(f)
+        if not charted:
+            return
+        wanted = self.spark.createDataFrame(
+            [(o, s) for o, ss in charted.items() for s in ss], "origin string, sensor string"
+        )
+        rows = (
+            windows.join(F.broadcast(wanted), ["origin", "sensor"], "left_semi")
+            .select(
+                "origin",
+                "sensor",
+                F.unix_micros("window_start").alias("w"),
+                "mean",
+                "min",
+                "max",
+                "unit",
+            )
+            .orderBy("origin", "sensor", "w")
+            .collect()
+        )
+        series: dict[str, dict[str, charts.Series]] = {}
+        for r in rows:
+            s = series.setdefault(r.origin, {}).setdefault(r.sensor, charts.Series(r.unit or ""))
+            s.starts.append(_utc(r.w))  # type: ignore[arg-type]
+            s.mean.append(r.mean)
+            s.low.append(r["min"])
+            s.high.append(r["max"])
+        for origin, by_sensor in series.items():
+            f.panels[origin] = charts.sensor_panels(origin, by_sensor, f.per)
+
+
+# ---------------------------------------------------------------- HTML
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; font-size: 0.85em; margin-bottom: 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: right; }
+th { background: #f0f0f0; } td.name { text-align: left; }
+tr.warn td { background: #fff4d6; }
+.cards { display: flex; gap: 1em; flex-wrap: wrap; margin-bottom: 1em; }
+.card { border: 1px solid #ccc; border-radius: 6px; padding: 0.5em 1em; }
+.card b { display: block; font-size: 1.4em; }
+img { max-width: 100%; }
+"""
+
+
+def _img(data: bytes, alt: str) -> str:
+    b64 = base64.b64encode(data).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+
+
+def _when(t: datetime | None) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+
+def _table(headers: list[str], rows: list[tuple[list[str], bool]], tid: str) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = []
+    for cells, warn in rows:
+        tds = "".join(
+            f'<td class="name">{html.escape(c)}</td>' if i < 2 else f"<td>{html.escape(c)}</td>"
+            for i, c in enumerate(cells)
+        )
+        body.append(f"<tr{' class=warn' if warn else ''}>{tds}</tr>")
+    return f'<table id="{tid}"><tr>{head}</tr>{"".join(body)}</table>'
+
+
+def render(f: Facts) -> str:
+    t = f.totals
+    out = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>pubcomp fleet report</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>pubcomp fleet report</h1>",
+        f"<p>Warehouse <code>{html.escape(f.warehouse)}</code>; readings from "
+        f"{_when(f.first)} to {_when(f.last)} UTC; generated "
+        f"{_when(datetime.now(UTC))} UTC.</p>",
+    ]
+    if not f.quality:
+        out.append(
+            "<p>The warehouse holds no readings yet: run <code>pubcomp pipeline run</code>.</p>"
+        )
+        return "".join([*out, "</body></html>"])
+    cards = [
+        ("origins", t["origins"]),
+        ("sensors", t["sensors"]),
+        ("readings kept", t["kept"]),
+        ("duplicates removed", t["duplicates_removed"]),
+        ("late", t["late"]),
+        ("clock-flagged", t["clock_flagged"]),
+        ("quarantined", t["quarantined"]),
+    ]
+    out.append('<div class="cards">')
+    out += [
+        f'<div class="card" id="total-{k.replace(" ", "-")}"><b>{v:,}</b>{k}</div>'
+        for k, v in cards
+    ]
+    out.append("</div>")
+    if f.heatmap:
+        out += ["<h2>The fleet</h2>", _img(f.heatmap, "readings per origin over time")]
+    out.append(
+        f"<h2>Data quality</h2><p>Late: received more than {T.LATE_AFTER_S // 60} minutes after "
+        "it was taken. Clock-flagged: taken while the gateway's clock was not synchronised "
+        "(<code>clock_unsynced</code>, <code>clock_corrected</code>). Quarantined lines are "
+        "counted per origin (below). Highlighted rows have late, clock-flagged or quarantined "
+        "data.</p>"
+    )
+    quarantined_by_origin = {o: sum(r.values()) for o, r in f.quarantine.items()}
+    rows = []
+    for q in f.quality:
+        delay = f"{q.max_delay_s:,.0f}" if q.max_delay_s is not None else "-"
+        cells = [
+            q.origin,
+            q.sensor,
+            f"{q.kept:,}",
+            f"{q.duplicates_removed:,}",
+            f"{q.late:,}",
+            f"{q.clock_flagged:,}",
+            delay,
+            _when(q.last_ts),
+            q.unit,
+        ]
+        warn = bool(q.late or q.clock_flagged or quarantined_by_origin.get(q.origin))
+        rows.append((cells, warn))
+    headers = ["origin", "sensor", "readings", "duplicates removed", "late", "clock-flagged"]
+    headers += ["max delay (s)", "last reading (UTC)", "unit"]
+    out.append(_table(headers, rows, "quality"))
+    if f.quarantine:
+        qrows = [
+            ([origin, reason, f"{n:,}"], True)
+            for origin, reasons in sorted(f.quarantine.items())
+            for reason, n in sorted(reasons.items())
+        ]
+        out += ["<h2>Quarantined</h2>", _table(["origin", "reason", "lines"], qrows, "quarantine")]
+    if f.panels:
+        out.append(f"<h2>Sensors</h2><p>Per {f.per} from <code>{f.level}</code>.</p>")
+        for origin, data in sorted(f.panels.items()):
+            out += [
+                f'<h3 id="origin-{html.escape(origin)}">{html.escape(origin)}</h3>',
+                _img(data, origin),
+            ]
+        if f.not_charted:
+            out.append(
+                f"<p>{len(f.not_charted)} more origins are in the table but not charted "
+                "(<code>--max-origins</code>).</p>"
+            )
+    if f.runs:
+        keys = ["started", "files", "readings_in", "duplicates_removed", "quarantined", "seconds"]
+        rrows = [([str(r.get(k, "")) for k in keys], False) for r in reversed(f.runs)]
+        out += ["<h2>Recent pipeline runs</h2>", _table(keys, rrows, "runs")]
+    return "".join([*out, "</body></html>"])
+
+
+def write(spark: SparkSession, warehouse: str, out: Path, **limits: int) -> Facts:
+    facts = Report(spark, warehouse, **limits).facts()
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(render(facts))
+    tmp.replace(out)
+    return facts
