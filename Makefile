@@ -5,9 +5,21 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS ?= dev,pipeline
 
-.PHONY: demo test lint bench setup system-deps clean
+FW_STAMP := tests/firmware/node_modules/.package-lock.json
+UMQTT  := .cache/umqtt/umqtt/simple.py
 
-setup: system-deps $(STAMP)
+.PHONY: demo test lint bench setup system-deps firmware-deps clean
+
+setup: system-deps $(STAMP) firmware-deps
+
+# The firmware tests: MicroPython's WebAssembly port (npm) and umqtt.simple (pinned sdist).
+firmware-deps: $(FW_STAMP) $(UMQTT)
+
+$(FW_STAMP): tests/firmware/package.json tests/firmware/package-lock.json
+	cd tests/firmware && npm ci --no-audit --no-fund --loglevel=error
+
+$(UMQTT): scripts/fetch-umqtt.py
+	$(PY) scripts/fetch-umqtt.py
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -34,6 +46,7 @@ bench: setup
 	$(PY) bench/uplink_drain.py
 	$(PY) bench/sensors.py
 	$(PY) bench/gateway.py
+	$(PY) bench/firmware.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out
+	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out .cache tests/firmware/node_modules

@@ -8,6 +8,8 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mos
 command -v openssl >/dev/null 2>&1 || need+=(openssl)   # test certificates for mqtts://
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)   # verifies the unit files
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)   # Spark (pipeline/)
+command -v node >/dev/null 2>&1 || need+=(nodejs)   # MicroPython's WebAssembly port (firmware tests)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

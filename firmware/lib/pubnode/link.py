@@ -1,0 +1,141 @@
+# The node's MQTT link to the gateway's ingress, on umqtt.simple.
+#
+# umqtt.simple publishes at QoS 0 or 1 only and keeps no state, which suits
+# the node: a message is retried with the same (boot, seq) until a PUBACK
+# arrives, over as many connections as it takes, and the gateway stores a
+# repeated (node, boot, seq) once. What umqtt leaves to its caller is here:
+# - a read timeout on every publish (umqtt blocks forever otherwise);
+# - packet ids wrapped before 65535 (umqtt 1.3.4 would overflow "!H");
+# - keepalive pings (umqtt has no timer) and noticing a silent gateway;
+# - reconnecting with jittered exponential backoff.
+import time
+
+from umqtt.simple import MQTTClient, MQTTException
+
+from .rand import bits
+
+LINK_ERRORS = (OSError, MQTTException, AssertionError, IndexError)
+BACKOFF_MIN_MS = 500
+BACKOFF_MAX_MS = 30000
+
+
+def _jitter(ms):
+    return ms // 2 + bits(16) * (ms // 2) // 65536
+
+
+class Link:
+    def __init__(self, node_id, password, host, port, keepalive_s=60, timeout_s=10):
+        self.node_id = node_id
+        self.password = password
+        self.host, self.port = host, port
+        self.keepalive_s = keepalive_s
+        self.timeout_s = timeout_s
+        self.topic = ("nodes/%s/readings" % node_id).encode()
+        self.client = None
+        self.backoff_ms = BACKOFF_MIN_MS
+        self.next_try = time.ticks_ms()
+        self.last_tx = self.next_try
+        self.ping_sent = None
+        self.connects = 0
+        self.failures = 0
+        self.last_error = None
+
+    @property
+    def up(self):
+        return self.client is not None
+
+    def _fail(self, err):
+        self.failures += 1
+        self.last_error = repr(err)
+        self.close()
+        self.next_try = time.ticks_add(time.ticks_ms(), _jitter(self.backoff_ms))
+        self.backoff_ms = min(self.backoff_ms * 2, BACKOFF_MAX_MS)
+
+    def close(self):
+        c, self.client, self.ping_sent = self.client, None, None
+        if c is not None and c.sock is not None:
+            try:
+                c.sock.close()
+            except OSError:
+                pass
+
+    def ensure(self):
+        """Connected, or trying again once the backoff allows: True when up."""
+        if self.client is not None:
+            return True
+        if time.ticks_diff(time.ticks_ms(), self.next_try) < 0:
+            return False
+        c = MQTTClient(
+            self.node_id,
+            self.host,
+            self.port,
+            user=self.node_id,
+            password=self.password,
+            keepalive=self.keepalive_s,
+        )
+        try:
+            c.connect()
+            c.sock.settimeout(self.timeout_s)
+        except LINK_ERRORS as e:
+            self.client = c
+            self._fail(e)
+            return False
+        self.client = c
+        self.connects += 1
+        self.backoff_ms = BACKOFF_MIN_MS
+        self.last_tx = time.ticks_ms()
+        return True
+
+    def send(self, payload):
+        """Publish at QoS 1 and wait for the PUBACK: True when it came."""
+        c = self.client
+        if c is None:
+            return False
+        if c.pid >= 65535:
+            c.pid = 0
+        try:
+            c.sock.settimeout(self.timeout_s)  # umqtt's check_msg leaves it blocking
+            c.publish(self.topic, payload, qos=1)
+        except LINK_ERRORS as e:
+            self._fail(e)
+            return False
+        self.last_tx = time.ticks_ms()
+        self.ping_sent = None
+        return True
+
+    def keepalive(self):
+        """Ping when idle for half the keepalive; drop a gateway that stopped answering."""
+        c = self.client
+        if c is None:
+            return
+        now = time.ticks_ms()
+        try:
+            if self.ping_sent is not None:
+                self._poll_pong()
+                if self.ping_sent is not None and (
+                    time.ticks_diff(now, self.ping_sent) > self.timeout_s * 1000
+                ):
+                    raise OSError("no PINGRESP in %d s" % self.timeout_s)
+            elif time.ticks_diff(now, self.last_tx) > self.keepalive_s * 500:
+                c.ping()
+                self.ping_sent = self.last_tx = now
+        except LINK_ERRORS as e:
+            self._fail(e)
+
+    def _poll_pong(self):
+        # The ingress sends a node nothing unasked but PINGRESP, so a raw read suffices.
+        s = self.client.sock
+        s.setblocking(False)
+        try:
+            b = s.read(2)
+        finally:
+            s.settimeout(self.timeout_s)
+        if b is None:
+            return
+        if b == b"":
+            raise OSError("gateway closed the connection")
+        if len(b) == 1:
+            b += s.read(1) or b""  # the rest of the packet, under the timeout again
+        if b[0] != 0xD0:
+            raise OSError("unexpected packet 0x%02x" % b[0])
+        self.ping_sent = None

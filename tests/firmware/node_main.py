@@ -1,0 +1,54 @@
+"""Run the node firmware under CPython: ``python node_main.py FLASH_DIR``.
+
+The flash directory holds config.json, boot.txt and spill/ as on the board.
+MicroPython-only pieces come from tests/firmware/standins (usocket, machine,
+network, ...); time gets MicroPython's ticks functions; umqtt.simple is the
+real one, fetched by scripts/fetch-umqtt.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+FIRMWARE = ROOT / "firmware"
+TICKS_PERIOD = 1 << 30
+
+
+def ticks_ms() -> int:
+    return int(time.monotonic() * 1000) % TICKS_PERIOD
+
+
+def ticks_add(t: int, delta: int) -> int:
+    return (t + delta) % TICKS_PERIOD
+
+
+def ticks_diff(a: int, b: int) -> int:
+    d = (a - b) % TICKS_PERIOD
+    return d - TICKS_PERIOD if d >= TICKS_PERIOD // 2 else d
+
+
+def main() -> None:
+    flash = Path(sys.argv[1]).resolve()
+    sys.path[:0] = [str(HERE / "standins"), str(FIRMWARE / "lib"), str(ROOT / ".cache" / "umqtt")]
+    time.ticks_ms = ticks_ms  # type: ignore[attr-defined]
+    time.ticks_add = ticks_add  # type: ignore[attr-defined]
+    time.ticks_diff = ticks_diff  # type: ignore[attr-defined]
+    time.sleep_ms = lambda ms: time.sleep(ms / 1000)  # type: ignore[attr-defined]
+    gc.mem_free = lambda: -1  # type: ignore[attr-defined]
+    sys.print_exception = lambda e: traceback.print_exception(e, file=sys.stdout)  # type: ignore[attr-defined]
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    os.chdir(flash)
+    runpy.run_path(str(FIRMWARE / "boot.py"), run_name="__main__")
+    runpy.run_path(str(FIRMWARE / "main.py"), run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

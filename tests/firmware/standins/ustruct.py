@@ -1,0 +1,1 @@
+from struct import *  # noqa: F403 - MicroPython's ustruct is CPython's struct

