@@ -95,3 +95,16 @@ def test_pipeline_bench_runs_and_agrees_with_duckdb() -> None:
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "pipeline tables vs DuckDB: equal" in res.stdout
     assert "plain Spark batch job" in res.stdout and "ingest:" in res.stdout
+
+
+def test_firmware_bench_runs_and_prints_its_ratios() -> None:
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "firmware.py"), "--messages", "200"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    for figure in ("B/reading", "readings/s", "paho-mqtt"):
+        assert figure in res.stdout, res.stdout
+    assert res.stdout.count("ratio") == 5

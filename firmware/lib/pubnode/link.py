@@ -7,7 +7,11 @@
 # - a read timeout on every publish (umqtt blocks forever otherwise);
 # - packet ids wrapped before 65535 (umqtt 1.3.4 would overflow "!H");
 # - keepalive pings (umqtt has no timer) and noticing a silent gateway;
-# - reconnecting with jittered exponential backoff.
+# - reconnecting with jittered exponential backoff;
+# - one TCP write per packet: umqtt writes a PUBLISH in four pieces, and with
+#   Nagle's algorithm against the peer's delayed ACK each message then waits
+#   about 40 ms (measured: 45 readings/s instead of thousands over loopback).
+#   Fewer, fuller segments also keep the radio on for less time.
 import time
 
 from umqtt.simple import MQTTClient, MQTTException
@@ -21,6 +25,41 @@ BACKOFF_MAX_MS = 30000
 
 def _jitter(ms):
     return ms // 2 + bits(16) * (ms // 2) // 65536
+
+
+class Coalesce:
+    """The socket umqtt sees: writes gather in a buffer that goes out whole before a read."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = bytearray()
+
+    def write(self, data, n=None):
+        if isinstance(data, str):
+            data = data.encode()
+        self.buf.extend(data if n is None else memoryview(data)[:n])
+        return len(data) if n is None else n
+
+    def flush(self):
+        if self.buf:
+            data, self.buf = self.buf, bytearray()
+            view, sent = memoryview(data), 0
+            while sent < len(data):
+                sent += self.sock.write(view[sent:]) or 0
+
+    def read(self, n):
+        self.flush()
+        return self.sock.read(n)
+
+    def settimeout(self, t):
+        self.sock.settimeout(t)
+
+    def setblocking(self, flag):
+        self.sock.setblocking(flag)
+
+    def close(self):
+        self.buf = bytearray()
+        self.sock.close()
 
 
 class Link:
@@ -75,6 +114,7 @@ class Link:
         )
         try:
             c.connect()
+            c.sock = Coalesce(c.sock)
             c.sock.settimeout(self.timeout_s)
         except LINK_ERRORS as e:
             self.client = c
@@ -118,6 +158,7 @@ class Link:
                     raise OSError("no PINGRESP in %d s" % self.timeout_s)
             elif time.ticks_diff(now, self.last_tx) > self.keepalive_s * 500:
                 c.ping()
+                c.sock.flush()
                 self.ping_sent = self.last_tx = now
         except LINK_ERRORS as e:
             self._fail(e)
