@@ -92,3 +92,61 @@ def wait_until(pred: Any, timeout: float, step: float = 0.05) -> bool:
             return True
         time.sleep(step)
     return bool(pred())
+
+
+class CuttableProxy:
+    """A TCP forwarder between a node and the gateway whose connections can be cut
+    (RST both ways) while the gateway stays up: a Wi-Fi drop, not a gateway restart."""
+
+    def __init__(self, target_port: int) -> None:
+        import socket
+        import threading
+
+        self.target = target_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.conns: list[Any] = []
+        self.cuts = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self._lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        import socket
+        import struct
+
+        with self._lock:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            try:  # linger 0: close with RST, as a dropped link looks to both ends
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+            except OSError:
+                pass
+        self.cuts += 1
+
+    def close(self) -> None:
+        self.server.close()
+        self.cut()

@@ -17,7 +17,7 @@ from pubcomp.checker import Checker
 from pubcomp.devbroker import Mosquitto
 
 from .gateway_helpers import GatewayProc
-from .node_helpers import DEEPSLEEP_EXIT, NodeProc, node_config, wait_until
+from .node_helpers import DEEPSLEEP_EXIT, CuttableProxy, NodeProc, node_config, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRMWARE = ROOT / "firmware"
@@ -121,6 +121,37 @@ def test_node_exactly_once_across_resets_and_a_gateway_restart(
     assert len(taken) >= 3 * 2 * 300 - 2 * 2 * 300  # the last boot's 300 rounds at least
     final = node.output().strip().splitlines()[-1]
     assert re.search(r"link_failures [1-9]", node.output()), final  # it did see the drop
+
+
+def test_node_exactly_once_across_dropped_connections(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """The link drops (both ends see a reset) while the gateway stays up: the node
+    reconnects and resends what had no PUBACK; the gateway stores each (boot, seq) once."""
+    checker = Checker(mosquitto.port, topic="telemetry/#", client_id="fw-drops").start()
+    gw = GatewayProc(
+        tmp_path,
+        mosquitto.port,
+        nodes={"node-d": "pw-d"},
+        extra={"ingress": {"max_messages_per_second": 2000}},
+    ).start()
+    proxy = CuttableProxy(gw.ingress_port)
+    node = NodeProc(tmp_path / "flash", node_config("node-d", "pw-d", proxy.port, rounds=400))
+    try:
+        node.start()
+        for _ in range(4):
+            time.sleep(0.6)
+            proxy.cut()
+        assert node.wait(120) == 0, node.output()[-3000:]
+        taken = node.taken()
+        assert wait_until(lambda: _cloud_ids(checker, "node-d").keys() >= taken.keys(), 60)
+        counts = _cloud_ids(checker, "node-d")
+    finally:
+        checker.stop()
+        proxy.close()
+        node.kill()
+        gw.kill()
+    assert len(taken) == 400 * 2 and counts.keys() == taken.keys()
+    assert set(counts.values()) == {1}
+    assert re.search(r"connects [3-9]", node.output()), node.output()[-500:]
 
 
 def test_deep_sleep_carries_unsent_readings_across_sleeps(
