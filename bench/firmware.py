@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -67,9 +68,7 @@ def paho_rate(port: int, messages: int) -> float:
             {"sensor": s, "value": seq / 1000, "unit": u} for s, u in (("a", "V"), ("b", "mA"))
         ]
         body = {"v": 1, "node": "node-p", "boot": 1, "seq": seq, "ts": ts, "readings": readings}
-        c.publish("nodes/node-p/readings", __import__("json").dumps(body), qos=1).wait_for_publish(
-            10
-        )
+        c.publish("nodes/node-p/readings", json.dumps(body), qos=1).wait_for_publish(10)
     elapsed = time.monotonic() - t0
     c.loop_stop()
     c.disconnect()

