@@ -66,6 +66,14 @@ class RunSummary:
         )
 
 
+def path_exists(spark: SparkSession, path: str) -> bool:
+    """Through Hadoop's file system, so a cluster URL (hdfs://, s3a://) works as a local path."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    conf = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    return bool(p.getFileSystem(conf).exists(p))
+
+
 def spark_session(master: str | None = None, app: str = "pubcomp-pipeline") -> SparkSession:
     builder = SparkSession.builder.appName(app)
     if master:
@@ -199,10 +207,7 @@ class Pipeline:
         return df
 
     def _exists(self, name: str) -> bool:
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
-        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-        p = jvm.org.apache.hadoop.fs.Path(self.path(name))
-        return bool(p.getFileSystem(conf).exists(p))
+        return path_exists(self.spark, self.path(name))
 
     def _count_quarantined(self) -> int:
         if not self._exists("quarantine"):

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 
 from . import charts
 from . import transforms as T
+from .job import path_exists
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,7 @@ class Report:
         self.max_sensors = max_sensors
 
     def _table(self, name: str, schema: Any) -> DataFrame | None:
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
-        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-        p = jvm.org.apache.hadoop.fs.Path(f"{self.wh}/{name}")
-        if not p.getFileSystem(conf).exists(p):
+        if not path_exists(self.spark, f"{self.wh}/{name}"):
             return None
         return self.spark.read.schema(schema).parquet(f"{self.wh}/{name}")
 

@@ -34,6 +34,15 @@ from pubnode.sensors.adc import scaled  # noqa: E402
 from pubnode.spill import SpillLog  # noqa: E402
 
 
+def drain(queue):
+    """Send-and-acknowledge everything owed, as the link would: the seqs, in order."""
+    seqs = []
+    while queue.peek() is not None:
+        seqs.append(queue.peek()[M.SEQ])
+        queue.ack()
+    return seqs
+
+
 def msg(boot, seq, n=3):
     return M.new(boot, seq, None, time.ticks_ms(), [("s%d" % i, seq + i / 16, "C") for i in range(n)])
 
@@ -110,10 +119,7 @@ def check_spill_fifo_and_recovery():
     # A reboot: a new instance over the same files finds the same head and order.
     log = SpillLog("sp1", segments=3, segment_bytes=400)
     assert log.pending == 3 and log.pending_readings == 9, (log.pending, log.pending_readings)
-    seqs = []
-    while log.peek() is not None:
-        seqs.append(log.peek()[M.SEQ])
-        log.ack()
+    seqs = drain(log)
     assert seqs == [2, 3, 4], seqs
     assert SpillLog("sp1", segments=3, segment_bytes=400).pending == 0
     print("PASS spill_fifo_and_recovery")
@@ -131,10 +137,7 @@ def check_spill_torn_tail():
     assert log.torn == 1 and log.pending == 2, (log.torn, log.pending)
     log.append(msg(4, 3))  # starts on a fresh line
     log = SpillLog("sp2", segments=2, segment_bytes=4096)
-    seqs = []
-    while log.peek() is not None:
-        seqs.append(log.peek()[M.SEQ])
-        log.ack()
+    seqs = drain(log)
     assert seqs == [0, 1, 3], seqs
     print("PASS spill_torn_tail")
 
@@ -145,10 +148,7 @@ def check_spill_full_drops_oldest():
     for s in range(40):
         log.append(msg(5, s))
     assert log.dropped > 0 and log.dropped % 3 == 0
-    kept = []
-    while log.peek() is not None:
-        kept.append(log.peek()[M.SEQ])
-        log.ack()
+    kept = drain(log)
     assert kept == list(range(40 - len(kept), 40)), kept  # the newest, in order
     assert log.dropped // 3 + len(kept) == 40
     total = 0
@@ -168,10 +168,7 @@ def check_outbox_modes():
     for s in range(5):
         ob.put(msg(6, s))
     assert ob.log.pending == 3 and len(ob.ring) == 2 and ob.lost == 0
-    order = []
-    while ob.peek() is not None:
-        order.append(ob.peek()[M.SEQ])
-        ob.ack()
+    order = drain(ob)
     assert order == [0, 1, 2, 3, 4], order
     ob.put(msg(6, 5))
     ob.spill_all()  # before deep sleep
