@@ -1,0 +1,239 @@
+"""The power-cut file system as a FUSE mount: ``python -m tests.powercut.fs BACKING MOUNT CONTROL``.
+
+model.py holds the rules; this module only speaks FUSE (mfusepy over libfuse 3)
+and listens on a Unix socket for the harness: ``freeze`` (from now on every
+file system call blocks forever, as on a machine whose power just went, so
+nothing more reaches the backing directory), ``stats`` (JSON) and ``ping``.
+A cut is: freeze, SIGKILL the programs using the mount, SIGKILL this process
+(its memory is the volatile state), unmount; mount.py does that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import functools
+import json
+import os
+import socket
+import stat
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import mfusepy
+
+from .model import ROOT, FsError, Image
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def gated(fn: F) -> F:
+    """Every call waits while the power is on; after a freeze it never returns."""
+
+    @functools.wraps(fn)
+    def call(self: PowerCutFS, *args: Any) -> Any:
+        lock = self.image.lock
+        lock.acquire()
+        try:
+            if self.frozen.is_set():
+                lock.release()  # the freeze must still get the lock
+                lock = None
+                threading.Event().wait()
+            return fn(self, *args)
+        except FsError as exc:
+            raise mfusepy.FuseOSError(exc.errno) from None
+        except KeyError:
+            raise mfusepy.FuseOSError(errno.EBADF) from None
+        finally:
+            if lock is not None:
+                lock.release()
+
+    return call  # type: ignore[return-value]
+
+
+class PowerCutFS(mfusepy.Operations):
+    use_ns = True
+
+    def __init__(self, image: Image) -> None:
+        self.image = image
+        self.frozen = threading.Event()
+        self.handles: Counter[int] = Counter()
+
+    def _node(self, path: str | None, fh: int | None) -> Any:
+        if fh:
+            return self.image.inodes[fh]
+        assert path is not None
+        return self.image.lookup(path)
+
+    @gated
+    def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
+        node = self._node(path, fh)
+        ns = int(node.mtime * 1e9)
+        return {
+            "st_mode": node.mode,
+            "st_ino": node.ino,
+            "st_nlink": 2 if node.is_dir else 1,
+            "st_size": len(node.data),
+            "st_uid": os.getuid(),
+            "st_gid": os.getgid(),
+            "st_mtime": ns,
+            "st_ctime": ns,
+            "st_atime": ns,
+            "st_blocks": (len(node.data) + 511) // 512,
+        }
+
+    @gated
+    def readdir(self, path: str | None, fh: int) -> list[str]:
+        return [".", "..", *self._node(path, fh).entries]
+
+    @gated
+    def opendir(self, path: str) -> int:
+        node = self.image.lookup(path)
+        if not node.is_dir:
+            raise FsError(errno.ENOTDIR)
+        return node.ino
+
+    @gated
+    def releasedir(self, path: str | None, fh: int) -> int:
+        return 0
+
+    @gated
+    def mkdir(self, path: str, mode: int) -> int:
+        self.image.make(path, stat.S_IFDIR | (mode & 0o7777))
+        return 0
+
+    @gated
+    def rmdir(self, path: str) -> int:
+        self.image.remove(path, want_dir=True)
+        return 0
+
+    @gated
+    def unlink(self, path: str) -> int:
+        self.image.remove(path, want_dir=False)
+        return 0
+
+    @gated
+    def rename(self, old: str, new: str) -> int:
+        self.image.rename(old, new)
+        return 0
+
+    @gated
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        node = self.image.make(path, stat.S_IFREG | (mode & 0o7777))
+        self.handles[node.ino] += 1
+        return node.ino
+
+    @gated
+    def open(self, path: str, flags: int) -> int:
+        node = self.image.lookup(path)
+        if flags & os.O_TRUNC:
+            self.image.truncate(node.ino, 0)
+        self.handles[node.ino] += 1
+        return node.ino
+
+    @gated
+    def release(self, path: str | None, fh: int) -> int:
+        self.handles[fh] -= 1
+        if self.handles[fh] <= 0:
+            del self.handles[fh]
+            self.image.forget_unreachable(set(self.handles))
+        return 0
+
+    @gated
+    def flush(self, path: str | None, fh: int) -> int:
+        return 0  # close() is not a barrier: nothing reaches the backing directory
+
+    @gated
+    def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
+        return bytes(self.image.inodes[fh].data[offset : offset + size])
+
+    @gated
+    def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
+        return self.image.write(fh, data, offset)
+
+    @gated
+    def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
+        self.image.truncate(self._node(path, fh).ino, length)
+        return 0
+
+    @gated
+    def fsync(self, path: str | None, datasync: int, fh: int) -> int:
+        self.image.fsync(fh)
+        return 0
+
+    @gated
+    def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
+        self.image.fsyncdir(fh or self.image.lookup(path or "/").ino)
+        return 0
+
+    @gated
+    def chmod(self, path: str | None, mode: int) -> int:
+        node = self.image.lookup(path or "/")
+        node.mode = (node.mode & ~0o7777) | (mode & 0o7777)
+        return 0
+
+    @gated
+    def chown(self, path: str | None, uid: int, gid: int) -> int:
+        return 0
+
+    @gated
+    def utimens(self, path: str | None, times: tuple[int, int] | None = None) -> int:
+        node = self.image.lookup(path or "/")
+        node.mtime = times[1] / 1e9 if times else time.time()
+        return 0
+
+    @gated
+    def access(self, path: str, amode: int) -> int:
+        self.image.lookup(path)
+        return 0
+
+    @gated
+    def statfs(self, path: str) -> dict[str, int]:
+        cap = self.image.capacity or 1 << 34
+        free = max(0, cap - self.image.used()) // 4096
+        blocks = {"f_blocks": cap // 4096, "f_bfree": free, "f_bavail": free}
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255, **blocks}
+
+    def control(self, sock_path: Path) -> None:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock_path.unlink(missing_ok=True)
+        srv.bind(str(sock_path))
+        srv.listen(4)
+        while True:
+            conn, _ = srv.accept()
+            with conn:
+                cmd = conn.recv(64).decode().strip()
+                if cmd == "freeze":
+                    self.frozen.set()
+                    with self.image.lock:  # an fsync under way finishes first, then nothing
+                        pass
+                    reply: dict[str, Any] = {"frozen": True}
+                elif cmd == "stats":
+                    with self.image.lock:
+                        reply = self.image.stats.as_dict() | {"used": self.image.used()}
+                else:
+                    reply = {"pong": True}
+                conn.sendall(json.dumps(reply).encode())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("backing", type=Path)
+    ap.add_argument("mount", type=Path)
+    ap.add_argument("control", type=Path)
+    ap.add_argument("--capacity", type=int, default=None, help="bytes of file data (ENOSPC)")
+    args = ap.parse_args()
+    fs = PowerCutFS(Image(args.backing, args.capacity))
+    threading.Thread(target=fs.control, args=(args.control,), daemon=True).start()
+    assert fs.image.inodes[ROOT].is_dir
+    # hard_remove: an unlinked open file stays reachable by handle, no .fuse_hidden renames.
+    mfusepy.FUSE(fs, str(args.mount), foreground=True, hard_remove=True, allow_other=True,
+                 default_permissions=False, fsname="powercut")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

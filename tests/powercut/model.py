@@ -1,0 +1,306 @@
+"""What survives a power cut: a file system image that reaches disk only through fsync.
+
+Theory of operation. Two images share inode numbers:
+
+- the *live* image (this process's memory) is what applications see: every
+  create, write, rename and unlink lands here at once, as in a page cache;
+- the *durable* image is the backing directory: ``inodes/<n>`` holds a file's
+  bytes, ``tree.json`` the directory entries and modes.
+
+Only these calls move state from live to durable (the rules; ext4 with
+``data=ordered`` is the closest real file system, see the notes below):
+
+1. ``fsync``/``fdatasync`` of a file: its bytes and size become durable, and so
+   does every name it has now (a create or rename of it; a name it no longer
+   has is dropped), with the entries that lead to those names from the root.
+2. ``fsync`` of a directory: its entries become durable exactly as they are
+   now (creates, renames in or out, unlinks). A file that enters the durable
+   image this way brings only the bytes it already had there: none, if it was
+   never fsynced (ext4's famous zero-length file after a crash).
+3. Nothing else: not close, not rename, not time passing.
+
+A cut throws the live image away; the next mount starts from the durable one.
+
+Where ext4 would keep more: its journal commits every few seconds on its own
+(we assume the cut comes first), an fsync commits other files' metadata in the
+same transaction (here only the file's own names), and ``auto_da_alloc``
+flushes a file's data when it is renamed over another (not here). An fsync is
+atomic here; a torn sector write is not modelled. So this image loses at least
+what ext4 could lose, never less: a program that survives it has not relied
+on luck.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = 1
+# Beyond this many separate dirty ranges a file's are merged into one (bounded memory).
+MAX_RANGES = 256
+
+
+class FsError(OSError):
+    def __init__(self, code: int) -> None:
+        super().__init__(code, os.strerror(code))
+
+
+@dataclass
+class Inode:
+    ino: int
+    mode: int
+    data: bytearray = field(default_factory=bytearray)
+    entries: dict[str, int] = field(default_factory=dict)  # directories only
+    dirty: list[tuple[int, int]] = field(default_factory=list)  # (start, end) not yet durable
+    mtime: float = field(default_factory=time.time)
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+
+@dataclass
+class Stats:
+    writes: int = 0
+    bytes_written: int = 0  # what applications wrote (all of it would reach a disk in time)
+    fsyncs: int = 0
+    bytes_synced: int = 0  # bytes fsync carried to the durable image
+    cuts: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class Image:
+    """The live image, with the durable one in ``backing``. Thread safe (one lock)."""
+
+    def __init__(self, backing: Path, capacity: int | None = None) -> None:
+        self.backing = backing
+        self.capacity = capacity  # bytes of file data; beyond it, ENOSPC
+        self.lock = threading.RLock()
+        self.stats = Stats()
+        (backing / "inodes").mkdir(parents=True, exist_ok=True)
+        self.inodes: dict[int, Inode] = {}
+        self.durable: dict[int, dict[str, int]] = {}  # durable dir entries by inode
+        self.durable_modes: dict[int, int] = {}
+        self._load()
+
+    # -- the durable image ---------------------------------------------------------
+
+    def _load(self) -> None:
+        tree = self.backing / "tree.json"
+        if tree.exists():
+            doc = json.loads(tree.read_text())
+            modes = {int(k): v for k, v in doc["modes"].items()}
+            dirs = {int(k): v for k, v in doc["dirs"].items()}
+        else:
+            modes, dirs = {ROOT: stat.S_IFDIR | 0o755}, {ROOT: {}}
+        self.durable_modes, self.durable = modes, {k: dict(v) for k, v in dirs.items()}
+        for ino, mode in modes.items():
+            node = Inode(ino, mode)
+            if stat.S_ISDIR(mode):
+                node.entries = dict(dirs.get(ino, {}))
+            else:
+                blob = self.backing / "inodes" / str(ino)
+                node.data = bytearray(blob.read_bytes()) if blob.exists() else bytearray()
+            self.inodes[ino] = node
+        self.next_ino = max(self.inodes) + 1
+
+    def _save_tree(self) -> None:
+        live = self._durable_reachable()
+        for ino in list(self.durable_modes):
+            if ino not in live:
+                del self.durable_modes[ino]
+                self.durable.pop(ino, None)
+                (self.backing / "inodes" / str(ino)).unlink(missing_ok=True)
+        doc = {"modes": self.durable_modes, "dirs": self.durable}
+        tmp = self.backing / "tree.json.tmp"
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.backing / "tree.json")
+
+    def _durable_reachable(self) -> set[int]:
+        seen, todo = {ROOT}, [ROOT]
+        while todo:
+            for child in self.durable.get(todo.pop(), {}).values():
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+        return seen
+
+    def _enter_durable(self, ino: int) -> None:
+        """Make an inode known to the durable image (its bytes stay as they were there)."""
+        if ino in self.durable_modes:
+            return
+        node = self.inodes[ino]
+        self.durable_modes[ino] = node.mode
+        if node.is_dir:
+            self.durable[ino] = {}
+        else:
+            (self.backing / "inodes" / str(ino)).touch()
+
+    def _link_durably(self, ino: int) -> None:
+        """Rule 1's names: every live name of ``ino`` and the path to it from the root."""
+        for parent, name in self._names(ino):
+            self._enter_durable(parent)
+            self._enter_durable(ino)
+            self.durable[parent][name] = ino
+            if parent != ROOT:
+                self._link_durably(parent)
+        for parent, entries in self.durable.items():
+            for name in [n for n, i in entries.items() if i == ino]:
+                if self.inodes.get(parent) is None or self.inodes[parent].entries.get(name) != ino:
+                    del entries[name]
+
+    def _names(self, ino: int) -> list[tuple[int, str]]:
+        return [
+            (p.ino, name)
+            for p in self.inodes.values()
+            if p.is_dir
+            for name, child in p.entries.items()
+            if child == ino
+        ]
+
+    def fsync(self, ino: int) -> None:
+        with self.lock:
+            node = self.inodes[ino]
+            if node.is_dir:
+                return self.fsyncdir(ino)
+            self.stats.fsyncs += 1
+            self._link_durably(ino)
+            if ino in self.durable_modes:
+                self._sync_data(node)
+            self._save_tree()
+
+    def _sync_data(self, node: Inode) -> None:
+        size = len(node.data)
+        with open(self.backing / "inodes" / str(node.ino), "r+b") as f:
+            f.truncate(size)
+            for start, end in node.dirty:
+                end = min(end, size)
+                if end > start:
+                    f.seek(start)
+                    f.write(node.data[start:end])
+                    self.stats.bytes_synced += end - start
+        node.dirty.clear()
+        self.durable_modes[node.ino] = node.mode
+
+    def fsyncdir(self, ino: int) -> None:
+        with self.lock:
+            node = self.inodes[ino]
+            self.stats.fsyncs += 1
+            self._enter_durable(ino)
+            for child in node.entries.values():
+                self._enter_durable(child)
+            self.durable[ino] = dict(node.entries)
+            if ino != ROOT:
+                self._link_durably(ino)
+            self._save_tree()
+
+    # -- the live image ---------------------------------------------------------------
+
+    def lookup(self, path: str) -> Inode:
+        node = self.inodes[ROOT]
+        for part in [p for p in path.split("/") if p]:
+            if not node.is_dir:
+                raise FsError(errno.ENOTDIR)
+            ino = node.entries.get(part)
+            if ino is None:
+                raise FsError(errno.ENOENT)
+            node = self.inodes[ino]
+        return node
+
+    def _parent(self, path: str) -> tuple[Inode, str]:
+        head, _, name = path.rstrip("/").rpartition("/")
+        parent = self.lookup(head or "/")
+        if not parent.is_dir:
+            raise FsError(errno.ENOTDIR)
+        return parent, name
+
+    def make(self, path: str, mode: int) -> Inode:
+        with self.lock:
+            parent, name = self._parent(path)
+            if name in parent.entries:
+                raise FsError(errno.EEXIST)
+            node = Inode(self.next_ino, mode)
+            self.next_ino += 1
+            self.inodes[node.ino] = node
+            parent.entries[name] = node.ino
+            parent.mtime = time.time()
+            return node
+
+    def remove(self, path: str, want_dir: bool) -> None:
+        with self.lock:
+            parent, name = self._parent(path)
+            node = self.lookup(path)
+            if want_dir != node.is_dir:
+                raise FsError(errno.ENOTDIR if want_dir else errno.EISDIR)
+            if want_dir and node.entries:
+                raise FsError(errno.ENOTEMPTY)
+            del parent.entries[name]
+            parent.mtime = time.time()
+
+    def rename(self, old: str, new: str) -> None:
+        with self.lock:
+            src_parent, src_name = self._parent(old)
+            node = self.lookup(old)
+            dst_parent, dst_name = self._parent(new)
+            target = dst_parent.entries.get(dst_name)
+            if target is not None and target != node.ino:
+                other = self.inodes[target]
+                if other.is_dir and (not node.is_dir or other.entries):
+                    raise FsError(errno.ENOTEMPTY if node.is_dir else errno.EISDIR)
+            del src_parent.entries[src_name]
+            dst_parent.entries[dst_name] = node.ino
+            src_parent.mtime = dst_parent.mtime = time.time()
+
+    def write(self, ino: int, data: bytes, offset: int) -> int:
+        with self.lock:
+            node = self.inodes[ino]
+            end = offset + len(data)
+            grow = end - len(node.data)
+            if self.capacity is not None and grow > 0 and self.used() + grow > self.capacity:
+                raise FsError(errno.ENOSPC)
+            if offset > len(node.data):
+                node.data.extend(bytes(offset - len(node.data)))
+            node.data[offset:end] = data
+            self._dirty(node, offset, end)
+            self.stats.writes += 1
+            self.stats.bytes_written += len(data)
+            return len(data)
+
+    def truncate(self, ino: int, length: int) -> None:
+        with self.lock:
+            node = self.inodes[ino]
+            old = len(node.data)
+            if length < old:
+                del node.data[length:]
+            else:
+                node.data.extend(bytes(length - old))
+                self._dirty(node, old, length)
+            node.mtime = time.time()
+
+    def _dirty(self, node: Inode, start: int, end: int) -> None:
+        node.mtime = time.time()
+        if node.dirty and node.dirty[-1][1] == start:  # appends: grow the last range
+            node.dirty[-1] = (node.dirty[-1][0], end)
+        else:
+            node.dirty.append((start, end))
+        if len(node.dirty) > MAX_RANGES:
+            node.dirty = [(min(s for s, _ in node.dirty), max(e for _, e in node.dirty))]
+
+    def used(self) -> int:
+        return sum(len(n.data) for n in self.inodes.values())
+
+    def forget_unreachable(self, open_inodes: set[int]) -> None:
+        """Drop live inodes no name and no open file refers to (after unlink + close)."""
+        with self.lock:
+            named = {c for n in self.inodes.values() if n.is_dir for c in n.entries.values()}
+            for ino in list(self.inodes):
+                if ino != ROOT and ino not in named and ino not in open_inodes:
+                    del self.inodes[ino]

@@ -1,0 +1,128 @@
+"""Mount the power-cut file system, cut its power, mount it again.
+
+with PowerCutMount(tmp / "backing", tmp / "mnt") as disk:
+    proc = start_program(state_dir=disk.path)
+    disk.cut(proc)            # the program and every unsynced byte are gone
+    start_program(...)        # boots from what was durable
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fuse_missing() -> str | None:
+    """Why the power-cut tests cannot run here, or None when they can."""
+    if not Path("/dev/fuse").exists():
+        return "/dev/fuse is missing (no FUSE in this kernel or container)"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is missing (Debian package fuse3; make setup installs it)"
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return f"mfusepy cannot load libfuse3: {exc}"
+    return None
+
+
+class PowerCutMount:
+    def __init__(self, backing: Path, mount: Path, capacity: int | None = None) -> None:
+        self.backing, self.path, self.capacity = backing, mount, capacity
+        self.control = backing.parent / f".{mount.name}.control"
+        self.log = backing.parent / f"{mount.name}.fs.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.cuts = 0
+        self.totals: dict[str, int] = {}
+
+    def __enter__(self) -> PowerCutMount:
+        return self.mount()
+
+    def __exit__(self, *exc: object | TracebackType) -> None:
+        self.unmount()
+
+    def mount(self) -> PowerCutMount:
+        self.backing.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "tests.powercut.fs", str(self.backing), str(self.path)]
+        cmd += [str(self.control)]
+        if self.capacity is not None:
+            cmd += ["--capacity", str(self.capacity)]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
+        deadline = time.monotonic() + 20
+        while not (os.path.ismount(self.path) and self._ask("ping", quiet=True)):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"power-cut fs did not mount: {self.log.read_text()[-2000:]}")
+            time.sleep(0.02)
+        return self
+
+    def _ask(self, cmd: str, quiet: bool = False) -> dict[str, Any] | None:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(30)
+                s.connect(str(self.control))
+                s.sendall(cmd.encode())
+                return dict(json.loads(s.recv(4096)))
+        except OSError:
+            if quiet:
+                return None
+            raise
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the first mount: bytes written, bytes fsynced, fsyncs, cuts."""
+        now = self._ask("stats") or {}
+        out = dict(self.totals)
+        for k, v in now.items():
+            out[k] = out.get(k, 0) + v if k != "used" else v
+        out["cuts"] = self.cuts
+        return out
+
+    def cut(self, *victims: subprocess.Popen[Any] | int) -> None:
+        """Power off and on: nothing more reaches the backing directory, the programs
+        using the mount die where they stand, the page cache is gone, then it mounts
+        again from what was fsynced. Restart the programs afterwards."""
+        for k, v in (self._ask("stats") or {}).items():
+            if k != "used":
+                self.totals[k] = self.totals.get(k, 0) + v
+        self._ask("freeze")
+        for v in victims:
+            pid = v if isinstance(v, int) else v.pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        # A victim blocked in a call this process is serving waits for its answer even
+        # through SIGKILL; killing the file system ends those calls, then the victims die.
+        self._kill_fs()
+        for v in victims:
+            if not isinstance(v, int):
+                v.wait(30)
+        self.cuts += 1
+        self.mount()
+
+    def _kill_fs(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
+
+    def unmount(self) -> None:
+        """Tear down (not a cut: used at the end of a test)."""
+        if self.proc is not None and self.proc.poll() is None:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._kill_fs()

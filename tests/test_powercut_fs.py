@@ -1,0 +1,165 @@
+"""The power-cut file system's own tests: it follows its rules, and it can fail a system.
+
+SIGKILL leaves the page cache to the next boot; this mount does not. If SQLite
+with synchronous=OFF survived it, it would prove nothing about anyone else.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.powercut import PowerCutMount, fuse_missing
+
+pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[PowerCutMount]:
+    with PowerCutMount(tmp_path / "backing", tmp_path / "mnt") as d:
+        yield d
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write(path: Path, data: bytes, sync: bool = False) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_only_fsynced_data_and_names_survive_a_cut(disk: PowerCutMount) -> None:
+    m = disk.path
+    write(m / "never-synced", b"gone")
+    write(m / "synced", b"kept", sync=True)  # rule 1: data and its new name
+    with (m / "synced").open("ab") as f:
+        f.write(b" and not this")
+    os.mkdir(m / "d")
+    write(m / "d" / "named-only", b"bytes never synced")
+    fsync_path(m / "d")  # rule 2: the entry, not the bytes
+    write(m / "d" / "x", b"old", sync=True)
+    write(m / "d" / "x.tmp", b"new", sync=True)
+    os.rename(m / "d" / "x.tmp", m / "d" / "x")  # not durable until the directory is fsynced
+    assert (m / "never-synced").read_bytes() == b"gone"  # the live view has it all
+
+    disk.cut()
+
+    assert not (m / "never-synced").exists()
+    assert (m / "synced").read_bytes() == b"kept"
+    assert (m / "d" / "named-only").read_bytes() == b""  # the zero-length file after a crash
+    assert (m / "d" / "x").read_bytes() == b"old"
+    assert (m / "d" / "x.tmp").read_bytes() == b"new"
+
+
+def test_directory_fsync_makes_renames_and_unlinks_durable(disk: PowerCutMount) -> None:
+    m = disk.path
+    write(m / "a", b"A", sync=True)
+    write(m / "b", b"B", sync=True)
+    write(m / "c.tmp", b"C", sync=True)
+    fsync_path(m)
+    os.unlink(m / "a")
+    os.rename(m / "c.tmp", m / "b")
+    fsync_path(m)
+    os.unlink(m / "b")  # after the last directory fsync: comes back
+
+    disk.cut()
+
+    assert sorted(os.listdir(m)) == ["b"]
+    assert (m / "b").read_bytes() == b"C"
+    assert disk.stats()["cuts"] == 1
+
+
+def test_a_cut_freezes_the_program_where_it_stands(disk: PowerCutMount, tmp_path: Path) -> None:
+    """Nothing the program does after the cut reaches the disk, even an fsync under way."""
+    script = (
+        "import os, sys\n"
+        f"fd = os.open({str(disk.path / 'log')!r}, os.O_CREAT | os.O_WRONLY | os.O_APPEND)\n"
+        "i = 0\n"
+        "while True:\n"
+        "    os.write(fd, b'%08d\\n' % i)\n"
+        "    if i % 10 == 9:\n"
+        "        os.fsync(fd)\n"
+        "        print(i, flush=True)\n"
+        "    i += 1\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    lines = [proc.stdout.readline() for _ in range(30)]  # type: ignore[union-attr]
+    disk.cut(proc)
+    synced = int([*lines, *proc.stdout.read().split()][-1])  # type: ignore[union-attr]
+    kept = (disk.path / "log").read_bytes().split()
+    # Every line up to the last fsync that returned is there, and nothing beyond a group of 10.
+    assert len(kept) >= synced + 1
+    assert len(kept) % 10 == 0
+    assert [int(x) for x in kept] == list(range(len(kept)))
+
+
+WRITER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode=WAL")
+db.execute("PRAGMA synchronous=" + sys.argv[2])
+i = 0
+while True:
+    db.execute("BEGIN")
+    db.execute("INSERT INTO t VALUES (?)", (i,))
+    db.execute("COMMIT")
+    print(i, flush=True)  # after COMMIT returned: the transaction is committed
+    i += 1
+"""
+
+
+def committed_then_cut(disk: PowerCutMount, synchronous: str, commits: int) -> tuple[int, int]:
+    """(transactions committed before the cut, transactions found after it)."""
+    path = disk.path / "t.db"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE t (i INTEGER PRIMARY KEY)")
+    db.commit()
+    db.close()
+    fsync_path(disk.path)  # the database exists durably, empty
+    cmd = [sys.executable, "-c", WRITER, str(path), synchronous]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for _ in range(commits):
+        proc.stdout.readline()
+    disk.cut(proc)
+    done = commits + len(proc.stdout.read().split())
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        rows = [r[0] for r in db.execute("SELECT i FROM t ORDER BY i")]
+    finally:
+        db.close()
+    assert rows == list(range(len(rows)))  # a prefix, never a hole
+    return done, len(rows)
+
+
+def test_sqlite_synchronous_off_loses_committed_transactions(disk: PowerCutMount) -> None:
+    done, found = committed_then_cut(disk, "OFF", commits=200)
+    assert done >= 200
+    assert found < done, "the cut lost nothing: this file system would not catch a missing fsync"
+
+
+def test_sqlite_synchronous_full_in_wal_keeps_every_committed_transaction(
+    disk: PowerCutMount,
+) -> None:
+    done, found = committed_then_cut(disk, "FULL", commits=100)
+    assert found >= done  # every COMMIT that returned; one more may have landed unreported
+    assert found <= done + 1
