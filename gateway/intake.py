@@ -48,8 +48,15 @@ class IntakeStats:
 
 
 class Intake:
-    def __init__(self, store: Store, *, max_group: int = 2000) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_group: int = 2000,
+        on_commit: Callable[[Sequence[Reading]], None] | None = None,
+    ) -> None:
         self.store = store
+        self.on_commit = on_commit  # sees the sensor readings of each commit, after it
         self.max_group = max_group
         self.stats = IntakeStats()
         self._pending: collections.deque[_Pending | _Op] = collections.deque()
@@ -171,3 +178,5 @@ class Intake:
             if not p.done.done():  # type: ignore[union-attr]
                 p.done.set_result(stored)  # type: ignore[union-attr]
         self.stats.committed_readings += len(sensor)
+        if self.on_commit is not None and sensor:
+            self.on_commit(sensor)

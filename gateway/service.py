@@ -27,6 +27,7 @@ from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 
 from .clock import CORRECTED, UNSYNCED, ClockWatch, kernel_synced
+from .commitlog import CommitLog
 from .config import GatewayConfig
 from .drivers import Drivers
 from .health import HealthServer
@@ -71,7 +72,10 @@ class Gateway:
         )
         self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
         self.clock = clock or ClockWatch(kernel_synced)
-        self.intake = Intake(self.store)
+        audit = CommitLog.from_env()
+        self.intake = Intake(
+            self.store, on_commit=None if audit is None else lambda rs: audit(rs, cfg.id)
+        )
         self.ingress: Ingress | None = None
         if cfg.ingress.enabled and cfg.nodes:
             hashes = {n.id: n.password_hash for n in cfg.nodes}

