@@ -1,4 +1,4 @@
-"""Run the node firmware as a CPython process (tests/firmware/node_main.py) against a gateway."""
+"""Run the node firmware as a CPython process (firmware/host/run_node.py) against a gateway."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from .procs import track
 
-RUNNER = Path(__file__).resolve().parent / "firmware" / "node_main.py"
+RUNNER = Path(__file__).resolve().parents[1] / "firmware" / "host" / "run_node.py"
 DEEPSLEEP_EXIT = 75
 
 

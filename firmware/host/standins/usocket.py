@@ -16,7 +16,7 @@ def getaddrinfo(host: str, port: int, *_: Any) -> list[tuple[Any, ...]]:
     return _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM)
 
 
-class socket:  # noqa: N801 - MicroPython's name
+class socket:
     def __init__(self, *_: Any) -> None:
         self._s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
 

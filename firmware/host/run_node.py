@@ -1,7 +1,7 @@
-"""Run the node firmware under CPython: ``python node_main.py FLASH_DIR``.
+"""The firmware's host port: ``python firmware/host/run_node.py FLASH`` runs a node under CPython.
 
 The flash directory holds config.json, boot.txt and spill/ as on the board.
-MicroPython-only pieces come from tests/firmware/standins (usocket, machine,
+MicroPython-only pieces come from firmware/host/standins (usocket, machine,
 network, ...); time gets MicroPython's ticks functions; umqtt.simple is the
 real one, fetched by scripts/fetch-umqtt.py.
 """
@@ -17,8 +17,8 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-FIRMWARE = ROOT / "firmware"
+FIRMWARE = HERE.parent
+ROOT = FIRMWARE.parent
 TICKS_PERIOD = 1 << 30
 
 

@@ -37,7 +37,7 @@ class WDT:
         while True:
             time.sleep(self.timeout / 4)
             if time.monotonic() - self.last > self.timeout:
-                print("WDT: not fed for %.1f s, resetting" % self.timeout, flush=True)
+                print(f"WDT: not fed for {self.timeout:.1f} s, resetting", flush=True)
                 _exit(WDT_EXIT)
 
 
