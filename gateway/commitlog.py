@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from pubcomp.sync.store import Reading
@@ -38,3 +39,13 @@ class CommitLog:
         ]
         if lines:
             os.write(self.fd, ("\n".join(lines) + "\n").encode())
+
+
+def read(path: Path) -> set[tuple[str, str, int]]:
+    """The logged readings as (origin, sensor, ts in µs since the epoch, UTC)."""
+    out = set()
+    for line in path.read_text().splitlines() if path.exists() else []:
+        r = json.loads(line)
+        t = datetime.fromisoformat(r["ts"].replace("Z", "+00:00"))
+        out.add((r["origin"], r["sensor"], int(t.timestamp()) * 1_000_000 + t.microsecond))
+    return out

@@ -1,116 +1,337 @@
-"""``make demo``: the uplink against a local Mosquitto, checked by an independent subscriber.
+"""``make demo``: a gateway, two nodes and the cloud here, a minute of trouble, then Spark.
 
-What it shows (until the full gateway demo lands): readings go into a fresh
-durable store, the uplink is killed twice in the middle of QoS 2 handshakes,
-restarted each time, and a paho-mqtt subscriber that knows nothing of pubcomp
-counts every reading id: each arrives exactly once.
+What runs (everything it starts, it stops):
+- a "cloud" Mosquitto on a free loopback port, reached through a link proxy
+  (pubcomp/devlink.py) that can take the uplink down;
+- ``pubcomp gateway run`` from examples/demo-fleet.yaml: a pulse counter
+  (simulated pin), a DS18B20 probe (a sysfs directory the demo writes) and a
+  PMS5003 (real frames on a pseudo-terminal), its state directory on the
+  power-cut file system (tests/powercut) where /dev/fuse exists;
+- two nodes running the firmware's network code under CPython (firmware/host);
+- ``pubcomp ingest run`` landing what the cloud receives, and a paho-mqtt
+  subscriber counting every reading id at the cloud on its own.
+
+The minute: the gateway's power is cut twice (once while the uplink is down, so
+its backlog is on the disk when the power goes), the uplink is down for 20 s,
+the cloud broker restarts once. Then the Spark pipeline runs, a summary table
+is printed, and the pipeline report is written to demo-out/demo-report.html.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
-import random
+import re
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from .checker import Checker, exactly_once_report
-from .devbroker import Mosquitto
+from .checker import Checker
+from .demorig import SensorBench
+from .devbroker import Mosquitto, free_port
+from .devlink import LinkProxy
+from .devnode import HostNode, node_config
+from .gateway import commitlog
 
-READINGS = 30_000
+ROOT = Path(__file__).resolve().parents[1]
+FLEET = ROOT / "examples" / "demo-fleet.yaml"
+RUN_S = 60.0
+NODE_INTERVAL_S = 0.25
+NODE_PASSWORDS = {"node-1": "demo-node-1", "node-2": "demo-node-2"}
 
 
-def _bar(done: int, total: int, width: int = 40) -> str:
-    filled = int(width * done / max(total, 1))
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+def bar(done: float, total: float, width: int = 30) -> str:
+    filled = int(width * min(done / total, 1.0))
+    return f"[{'#' * filled}{'.' * (width - filled)}]"
+
+
+class Demo:
+    def __init__(self, out: Path, stack: contextlib.ExitStack) -> None:
+        self.out, self.stack = out, stack
+        self.events: list[str] = []
+        self.peak_backlog = 0
+        self.cuts = 0
+
+    # ------------------------------------------------------------ the parts
+
+    def start_cloud(self) -> None:
+        self.cloud = Mosquitto(self.out / "cloud", persistence=True).start()
+        self.stack.callback(self.cloud.stop)
+        self.link = LinkProxy(self.cloud.port)
+        self.stack.callback(self.link.close)
+        self.checker = Checker(self.cloud.port, "telemetry/#", "demo-checker", protocol=4)
+        self.checker.start()
+        self.stack.callback(self.checker.stop)
+
+    def start_disk(self) -> Path:
+        """The gateway's state directory: on the power-cut disk when FUSE is here."""
+        sys.path.insert(0, str(ROOT))  # tests/powercut is a test tool, used from the checkout
+        from tests.powercut import PowerCutMount, fuse_missing
+
+        why = fuse_missing()
+        if why is not None:
+            print(f"  no power-cut disk ({why}): a cut is a SIGKILL, the page cache survives")
+            self.disk = None
+            return self.out / "state"
+        self.disk = PowerCutMount(self.out / "disk-backing", self.out / "disk").mount()
+        self.stack.callback(self.disk.unmount)
+        return self.disk.path / "state"
+
+    def start_ingest(self) -> None:
+        cmd = [sys.executable, "-m", "pubcomp", "ingest", "run", "--broker", self.cloud.url]
+        cmd += ["--client-id", "demo-ingest", "--landing", str(self.out / "landing")]
+        cmd += ["--roll-s", "2", "--keepalive", "5"]
+        with (self.out / "ingest.log").open("a") as log:
+            self.ingest = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.stack.callback(_stop, self.ingest)
+
+    def start_gateway(self) -> None:
+        with (self.out / "gateway.log").open("a") as log:
+            self.gateway = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "pubcomp",
+                    "gateway",
+                    "run",
+                    "--config",
+                    str(FLEET),
+                    "--gateway",
+                    "gw-demo",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.gateway_env,
+            )
+        self.stack.callback(_stop, self.gateway)
+        deadline = time.monotonic() + 30
+        while self.status() is None:
+            if self.gateway.poll() is not None or time.monotonic() > deadline:
+                tail = (self.out / "gateway.log").read_text()[-2000:]
+                raise RuntimeError(f"the gateway did not start:\n{tail}")
+            time.sleep(0.1)
+
+    def status(self) -> dict[str, Any] | None:
+        url = f"http://127.0.0.1:{self.health_port}/status.json"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                data: dict[str, Any] = json.loads(r.read())
+                return data
+        except (OSError, ValueError):
+            return None
+
+    def start_nodes(self) -> None:
+        rounds = int(RUN_S / NODE_INTERVAL_S)
+        self.nodes = []
+        for node, pw in NODE_PASSWORDS.items():
+            cfg = node_config(node, pw, "127.0.0.1", self.ingress_port,
+                              interval_s=NODE_INTERVAL_S, rounds=rounds)  # fmt: skip
+            n = HostNode(self.out / node, cfg).start()
+            self.stack.callback(n.kill)
+            self.nodes.append(n)
+
+    # ------------------------------------------------------------ the trouble
+
+    def power_cut(self) -> None:
+        self.cuts += 1
+        if self.disk is not None:
+            self.disk.cut(self.gateway)
+        else:
+            self.gateway.kill()
+            self.gateway.wait()
+        self.start_gateway()
+
+    def run(self) -> int:
+        self.start_cloud()
+        state = self.start_disk()
+        bench = SensorBench(self.out / "w1").start()
+        self.stack.callback(bench.stop)
+        self.ingress_port, self.health_port = free_port(), free_port()
+        self.gateway_env = os.environ | {
+            "PUBCOMP_DEMO_UPLINK_PORT": str(self.link.port),
+            "PUBCOMP_DEMO_STATE": str(state),
+            "PUBCOMP_DEMO_INGRESS_PORT": str(self.ingress_port),
+            "PUBCOMP_DEMO_HEALTH_PORT": str(self.health_port),
+            "PUBCOMP_DEMO_W1": str(self.out / "w1"),
+            "PUBCOMP_DEMO_PMS_PORT": bench.pms_port,
+            commitlog.ENV: str(self.out / "commits.jsonl"),
+        }
+        self.start_ingest()
+        self.start_gateway()
+        self.start_nodes()
+        print(f"cloud broker {self.cloud.url} (uplink via {self.link.port}), "
+              f"gateway ingress :{self.ingress_port}, everything under {self.out}/")  # fmt: skip
+
+        def uplink_down() -> None:
+            self.link.down()
+
+        timeline: list[tuple[float, str, Callable[[], None]]] = [
+            (8, "power cut 1: gateway off and on", self.power_cut),
+            (15, "uplink down for 20 s", uplink_down),
+            (25, "power cut 2, with the backlog on disk", self.power_cut),
+            (35, "uplink back: the backlog drains", self.link.up),
+            (45, "cloud broker restarted", self.cloud.restart),
+        ]
+        t0 = time.monotonic()
+        while (t := time.monotonic() - t0) < RUN_S:
+            while timeline and timeline[0][0] <= t:
+                _, what, act = timeline.pop(0)
+                self.events.append(f"{t:4.0f} s  {what}")
+                self.show(t, what)
+                print()
+                act()
+            self.show(t, self.events[-1].split("  ", 1)[1] if self.events else "running")
+            time.sleep(0.25)
+        print()
+        return self.finish()
+
+    def show(self, t: float, what: str) -> None:
+        st = self.status()
+        if st is None:
+            gw = "gateway booting"
+        else:
+            up = st["uplink"]
+            self.peak_backlog = max(self.peak_backlog, up["backlog"])
+            gw = f"uplink {up['state']:<12} backlog {up['backlog']:>5,}"
+        seen = len(self.checker.snapshot())
+        line = f"\r  {bar(t, RUN_S)} {t:3.0f}/{RUN_S:.0f} s  {gw}  cloud has {seen:>6,}  {what}"
+        print(f"{line:<130}", end="", flush=True)
+
+    # ------------------------------------------------------------ the end
+
+    def finish(self) -> int:
+        print("  letting the nodes and the gateway drain ...", flush=True)
+        for n in self.nodes:
+            assert n.proc is not None
+            n.wait(120)
+        wait_for(lambda: (s := self.status()) is not None and s["uplink"]["backlog"] == 0
+                 and s["uplink"]["inflight_messages"] == 0, 120)  # fmt: skip
+        self.gateway.terminate()
+        self.gateway.wait(60)
+        at_cloud = set(self.checker.snapshot())
+        wait_for(lambda: at_cloud <= landed_ids(self.out / "landing"), 60)
+        self.ingest.terminate()
+        ingest_stats = json.loads((self.ingest.communicate(timeout=60)[0] or "{}").splitlines()[-1])
+        print(f"  ingest landed {ingest_stats.get('readings', '?')} readings; running Spark ...")
+        return self.pipeline(at_cloud)
+
+    def pipeline(self, at_cloud: set[str]) -> int:
+        from .pipeline import report
+        from .pipeline.audit import delivered
+        from .pipeline.job import Pipeline, spark_session
+
+        spark = spark_session(app="pubcomp-demo")
+        self.stack.callback(spark.stop)
+        wh = self.out / "warehouse"
+        summary = Pipeline(spark, str(self.out / "landing"), str(wh)).run()
+        got = delivered(spark, wh)
+        node_ids: set[str] = set()
+        node_acked = 0
+        for n in self.nodes:
+            taken = set(n.taken())
+            node_ids |= taken
+            m = re.findall(r"pending (\d+) lost (\d+)", n.output())
+            if m and m[-1] == ("0", "0"):  # its last status: nothing waiting, nothing dropped
+                node_acked += len(taken)
+        sensor = commitlog.read(self.out / "commits.jsonl")
+        lost_nodes = {i for i in node_ids if got.by_id[i] == 0}
+        lost_sensor = {k for k in sensor if got.by_key[k] == 0}
+        dup_in_table = sum(1 for c in got.by_id.values() if c > 1)
+        rows = [
+            ("produced: taken by the 2 nodes", len(node_ids)),
+            ("produced: committed from the 3 sensors", len(sensor)),
+            ("acknowledged (PUBACK to a node, or committed)", node_acked + len(sensor)),
+            ("delivered to the cloud (paho subscriber, distinct ids)", len(at_cloud)),
+            ("landed by the ingest, duplicates included", summary.readings_in),
+            ("duplicates removed by the pipeline", summary.duplicates_removed),
+            ("in the readings table, each once", summary.readings_written - dup_in_table),
+            ("lost (acknowledged, not in the readings table)", len(lost_nodes | lost_sensor)),
+        ]
+        print("\n  what happened:")
+        for e in self.events:
+            print(f"    {e}")
+        if self.disk is not None:
+            st = self.disk.stats()
+            print(f"    the gateway's disk: {st['cuts']} power cuts, {st['fsyncs']:,} fsyncs, "
+                  f"{st['bytes_synced']:,} bytes made durable")  # fmt: skip
+        print(f"    peak backlog in the gateway's store: {self.peak_backlog:,} readings\n")
+        width = max(len(r[0]) for r in rows)
+        print(f"  {'readings':<{width}}  {'count':>8}")
+        for name, n in rows:
+            print(f"  {name:<{width}}  {n:>8,}")
+        self.print_rollup(spark, wh)
+        page = self.out / "demo-report.html"
+        report.write(spark, str(wh), page)
+        print(f"\n  report: {page.resolve()}")
+        ok = not lost_nodes and not lost_sensor and dup_in_table == 0 and node_acked
+        print("  exactly once: YES" if ok else "  exactly once: NO (see the logs in demo-out/)")
+        return 0 if ok else 1
+
+    def print_rollup(self, spark: Any, wh: Path) -> None:
+        from pyspark.sql import functions as F
+
+        rows = (
+            spark.read.parquet(str(wh / "rollup_1m"))
+            .where(F.col("sensor") == "temp.cabinet")
+            .orderBy("window_start")
+            .select(F.unix_micros("window_start").alias("us"), "count", "min", "mean", "max")
+            .collect()
+        )
+        print("\n  rollup_1m of temp.cabinet (the DS18B20):")
+        print(f"    {'minute (UTC)':<17} {'count':>5} {'min':>7} {'mean':>7} {'max':>7}")
+        for r in rows:
+            minute = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["us"] / 1e6))
+            print(f"    {minute:<17} {r['count']:>5} {r['min']:>7.2f} {r['mean']:>7.2f} "
+                  f"{r['max']:>7.2f}")  # fmt: skip
+
+
+def landed_ids(landing: Path) -> set[str]:
+    ids = set()
+    for f in landing.rglob("*.jsonl"):
+        if "_rejected" in f.parts:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            ids |= {json.loads(line)["id"] for line in f.read_text().splitlines() if line}
+    return ids
+
+
+def wait_for(pred: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return pred()
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="pubcomp-demo-"))
-    broker = Mosquitto(work / "broker", persistence=True).start()
-    checker = Checker(broker.port, topic="telemetry/#", client_id="demo-checker").start()
-    store = work / "gateway.db"
-    src = work / "readings.jsonl"
-    rng = random.Random(7)
-    with src.open("w") as f:
-        for i in range(READINGS):
-            value = 20 + 5 * math.sin(i / 300) + rng.gauss(0, 0.2)
-            ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1_795_000_000 + i)) + ".000Z"
-            f.write(
-                json.dumps({"sensor": "temp-1", "ts": ts, "value": round(value, 3), "unit": "C"})
-            )
-            f.write("\n")
-    cmd = [sys.executable, "-m", "pubcomp"]
-    subprocess.run(
-        [*cmd, "store", "import", "--store", str(store), "--gateway-id", "gw-demo", str(src)],
-        check=True,
-    )
-    uplink = [*cmd, "uplink", "run", "--store", str(store), "--broker", broker.url,
-              "--client-id", "gw-demo", "--batch", "50", "--exit-when-drained"]  # fmt: skip
-    print(f"broker {broker.url}, store {store}")
-    kills = 0
-    try:
-        for attempt in range(1, 10):
-            env = dict(os.environ)
-            if kills < 2:
-                # Kill the uplink (SIGKILL) in the middle of a QoS 2 handshake.
-                point = ["pubrec_received", "pubrel_written"][kills]
-                env["PUBCOMP_CRASH_AT"] = f"{point}:{40 - 35 * kills}"
-            proc = subprocess.Popen([*uplink], env=env, stdout=subprocess.PIPE, text=True)
-            while proc.poll() is None:
-                print(
-                    "\r  delivered " + _bar(len(checker.snapshot()), READINGS), end="", flush=True
-                )
-                time.sleep(0.1)
-            out = proc.stdout.read() if proc.stdout else ""
-            if proc.returncode == -signal.SIGKILL:
-                kills += 1
-                print(
-                    f"\r  run {attempt}: uplink killed at {env['PUBCOMP_CRASH_AT']}; restarting"
-                    + " " * 20
-                )
-                continue
-            summary = json.loads(out.strip().splitlines()[-1])
-            break
-        with sqlite_epoch(store) as epoch:
-            expected = {f"gw-demo/{epoch}/{i}" for i in range(1, READINGS + 1)}
-        counts = checker.wait_for(expected, 30)
-        print("\r  delivered " + _bar(len(counts), READINGS))
-        report = exactly_once_report(counts, expected)
-        print()
-        print(f"  readings stored        {READINGS}")
-        print(f"  uplink killed          {kills} times (SIGKILL mid-handshake)")
-        print(f"  delivered (checker)    {sum(counts.values())}")
-        print(f"  distinct reading ids   {len(counts)}")
-        print(f"  missing                {report['missing']}")
-        print(f"  duplicated             {report['duplicated']}")
-        print(f"  last drain rate        {summary['drain_rate']} readings/s")
-        ok = report["missing"] == 0 and report["duplicated"] == 0 and report["unexpected"] == 0
-        print("\n  exactly once: " + ("YES" if ok else "NO"))
-        return 0 if ok else 1
-    finally:
-        checker.stop()
-        broker.stop()
-        shutil.rmtree(work, ignore_errors=True)
-
-
-class sqlite_epoch:
-    def __init__(self, path: Path) -> None:
-        import sqlite3
-
-        self.db = sqlite3.connect(path)
-
-    def __enter__(self) -> str:
-        return self.db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()[0]
-
-    def __exit__(self, *exc: object) -> None:
-        self.db.close()
+    out = Path("demo-out").resolve()
+    if out.exists():
+        with contextlib.suppress(OSError):
+            subprocess.run(["fusermount3", "-u", "-z", str(out / "disk")], capture_output=True)
+        shutil.rmtree(out)
+    out.mkdir()
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        rc = Demo(out, stack).run()
+    print(f"  demo took {time.monotonic() - started:.0f} s; everything it started is stopped")
+    return rc
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ the pipeline appears exactly once."""
 
 from __future__ import annotations
 
-import collections
 import json
 import random
 import threading
@@ -19,6 +18,8 @@ import pytest
 
 from pubcomp.devbroker import Mosquitto
 from pubcomp.devlink import LinkProxy
+from pubcomp.gateway import commitlog
+from pubcomp.pipeline.audit import delivered
 from pubcomp.pipeline.job import Pipeline
 from tests.powercut import PowerCutMount, fuse_missing
 
@@ -35,32 +36,6 @@ CUTS = 10
 def disk(tmp_path: Path) -> Iterator[PowerCutMount]:
     with PowerCutMount(tmp_path / "backing", tmp_path / "disk") as d:
         yield d
-
-
-def delivered(spark: Any, wh: Path) -> tuple[collections.Counter[str], collections.Counter[Any]]:
-    """Counts in the pipeline's `readings` table by id and by (origin, sensor, ts in µs)."""
-    from pyspark.sql import functions as F
-
-    rows = (
-        spark.read.parquet(str(wh / "readings"))
-        .select("id", "origin", "sensor", F.unix_micros("ts").alias("us"))
-        .collect()
-    )
-    by_id = collections.Counter(r["id"] for r in rows)
-    by_key = collections.Counter((r["origin"], r["sensor"], r["us"]) for r in rows)
-    return by_id, by_key
-
-
-def committed_sensor_readings(log: Path) -> set[tuple[str, str, int]]:
-    from datetime import datetime
-
-    out = set()
-    for line in log.read_text().splitlines():
-        r = json.loads(line)
-        t = datetime.fromisoformat(r["ts"].replace("Z", "+00:00"))
-        us = int(t.timestamp()) * 1_000_000 + t.microsecond
-        out.add((r["origin"], r["sensor"], us))
-    return out
 
 
 def test_gateway_power_cuts_lose_nothing_acknowledged_or_committed(
@@ -99,7 +74,7 @@ def test_gateway_power_cuts_lose_nothing_acknowledged_or_committed(
         n.stop()
 
     acked = set().union(*(n.reading_ids() for n in nodes))
-    sensor_committed = committed_sensor_readings(commits)
+    sensor_committed = commitlog.read(commits)
 
     def drained() -> bool:
         up = gw.status()["uplink"]
@@ -112,7 +87,8 @@ def test_gateway_power_cuts_lose_nothing_acknowledged_or_committed(
 
     summary = Pipeline(spark, str(landing), str(wh)).run()
     print(f"gateway: {disk.stats()}, {len(acked)} acked, {len(sensor_committed)} committed")
-    by_id, by_key = delivered(spark, wh)
+    got = delivered(spark, wh)
+    by_id, by_key = got.by_id, got.by_key
     assert outages >= 1 and disk.cuts == CUTS
     assert len(acked) > 500 and len(sensor_committed) > 50
     assert {i for i in acked if by_id[i] != 1} == set(), "a node's acknowledged reading"
@@ -182,6 +158,6 @@ def test_ingest_power_cuts_lose_nothing_it_received(
     counts = landed(landing)
     summary = Pipeline(spark, str(landing), str(wh)).run()
     print(f"ingest: {disk.stats()}, landed {sum(counts.values())} for {len(ids)} readings")
-    by_id, _ = delivered(spark, wh)
+    by_id = delivered(spark, wh).by_id
     assert by_id.keys() == ids and set(by_id.values()) == {1}
     assert summary.duplicates_removed == sum(counts.values()) - len(ids)
