@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,19 @@ def test_firmware_bench_runs_and_prints_its_ratios() -> None:
     for figure in ("B/reading", "readings/s", "paho-mqtt"):
         assert figure in res.stdout, res.stdout
     assert res.stdout.count("ratio") == 5
+
+
+def test_chaos_compare_runs_and_prints_its_table() -> None:
+    """Tiny: one cut each; pubcomp's row must still say 0 lost, also after the pipeline."""
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "chaos_compare.py"), "--messages", "600",
+         "--rate", "200", "--cuts", "1", "--systems", "pubcomp,autosave"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    cells = [re.split(r"\s{2,}", ln.strip()) for ln in res.stdout.splitlines()]
+    rows = {c[0]: c[1:] for c in cells if len(c) == 8}
+    acked, _delivered, lost, _dup, after = rows["pubcomp gateway"][:5]
+    assert (acked, lost, after) == ("600", "0", "0 dup, 0 lost")
+    assert "mosquitto bridge, autosave on changes" in rows
+    assert "ratio:" in res.stdout

@@ -163,3 +163,18 @@ def test_sqlite_synchronous_full_in_wal_keeps_every_committed_transaction(
     done, found = committed_then_cut(disk, "FULL", commits=100)
     assert found >= done  # every COMMIT that returned; one more may have landed unreported
     assert found <= done + 1
+
+
+def test_journal_mode_commits_every_rename_on_any_fsync_but_no_bytes(tmp_path: Path) -> None:
+    """ext4's one journal: an fsync anywhere makes earlier renames durable; bytes still need
+    their own file's fsync (the mode bench/chaos_compare.py gives every system)."""
+    with PowerCutMount(tmp_path / "b", tmp_path / "m", journal=True) as d:
+        m = d.path
+        write(m / "db.new", b"state", sync=True)
+        os.rename(m / "db.new", m / "db")  # no directory fsync
+        write(m / "unsynced", b"bytes")
+        write(m / "other", b"x", sync=True)  # an fsync elsewhere commits the journal
+        d.cut()
+        assert sorted(os.listdir(m)) == ["db", "other", "unsynced"]
+        assert (m / "db").read_bytes() == b"state"
+        assert (m / "unsynced").read_bytes() == b""

@@ -226,8 +226,9 @@ def main() -> None:
     ap.add_argument("mount", type=Path)
     ap.add_argument("control", type=Path)
     ap.add_argument("--capacity", type=int, default=None, help="bytes of file data (ENOSPC)")
+    ap.add_argument("--journal", action="store_true", help="any fsync commits every rename")
     args = ap.parse_args()
-    fs = PowerCutFS(Image(args.backing, args.capacity))
+    fs = PowerCutFS(Image(args.backing, args.capacity, args.journal))
     threading.Thread(target=fs.control, args=(args.control,), daemon=True).start()
     assert fs.image.inodes[ROOT].is_dir
     # hard_remove: an unlinked open file stays reachable by handle, no .fuse_hidden renames.

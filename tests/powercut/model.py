@@ -19,6 +19,12 @@ Only these calls move state from live to durable (the rules; ext4 with
    never fsynced (ext4's famous zero-length file after a crash).
 3. Nothing else: not close, not rename, not time passing.
 
+With ``journal=True`` (``--journal``) rule 1 and 2 commit *every* pending
+create, rename and unlink in the file system, as ext4's one journal does on any
+fsync, while bytes still reach the disk only through their own file's fsync.
+The tests use the strict rules; bench/chaos_compare.py uses the journal, the
+kinder and closer model of ext4, for every system it compares.
+
 A cut throws the live image away; the next mount starts from the durable one.
 
 Where ext4 would keep more: its journal commits every few seconds on its own
@@ -80,8 +86,9 @@ class Stats:
 class Image:
     """The live image, with the durable one in ``backing``. Thread safe (one lock)."""
 
-    def __init__(self, backing: Path, capacity: int | None = None) -> None:
+    def __init__(self, backing: Path, capacity: int | None = None, journal: bool = False) -> None:
         self.backing = backing
+        self.journal = journal
         self.capacity = capacity  # bytes of file data; beyond it, ENOSPC
         self.lock = threading.RLock()
         self.stats = Stats()
@@ -173,6 +180,8 @@ class Image:
                 return self.fsyncdir(ino)
             self.stats.fsyncs += 1
             self._link_durably(ino)
+            if self.journal:
+                self._commit_namespace()
             if ino in self.durable_modes:
                 self._sync_data(node)
             self._save_tree()
@@ -200,7 +209,21 @@ class Image:
             self.durable[ino] = dict(node.entries)
             if ino != ROOT:
                 self._link_durably(ino)
+            if self.journal:
+                self._commit_namespace()
             self._save_tree()
+
+    def _commit_namespace(self) -> None:
+        """The journal: every live directory's entries become durable (not file bytes)."""
+        todo = [ROOT]
+        while todo:
+            d = self.inodes[todo.pop()]
+            self._enter_durable(d.ino)
+            for child in d.entries.values():
+                self._enter_durable(child)
+                if self.inodes[child].is_dir:
+                    todo.append(child)
+            self.durable[d.ino] = dict(d.entries)
 
     # -- the live image ---------------------------------------------------------------
 

@@ -38,8 +38,10 @@ def fuse_missing() -> str | None:
 
 
 class PowerCutMount:
-    def __init__(self, backing: Path, mount: Path, capacity: int | None = None) -> None:
-        self.backing, self.path, self.capacity = backing, mount, capacity
+    def __init__(
+        self, backing: Path, mount: Path, capacity: int | None = None, journal: bool = False
+    ) -> None:
+        self.backing, self.path, self.capacity, self.journal = backing, mount, capacity, journal
         self.control = backing.parent / f".{mount.name}.control"
         self.log = backing.parent / f"{mount.name}.fs.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -59,6 +61,8 @@ class PowerCutMount:
         cmd += [str(self.control)]
         if self.capacity is not None:
             cmd += ["--capacity", str(self.capacity)]
+        if self.journal:
+            cmd.append("--journal")
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
         deadline = time.monotonic() + 20
