@@ -98,11 +98,13 @@ class CloudCounter:
             self.counts.update(keys)
             self.last_change = time.monotonic()
 
-    def settle(self, drained: Any, quiet_s: float = 10.0, timeout: float = 180.0) -> None:
-        """Until the system says its queue is empty and nothing arrived for ``quiet_s``."""
-        deadline = time.monotonic() + timeout
+    def settle(self, drained: Any, quiet_s: float = 15.0, timeout: float = 180.0) -> None:
+        """Until the system says its queue is empty and nothing arrived for ``quiet_s`` since
+        the trouble ended (a bridge may take its time to reconnect: it is given it)."""
+        start = time.monotonic()
+        deadline = start + timeout
         while time.monotonic() < deadline:
-            if drained() and time.monotonic() - self.last_change > quiet_s:
+            if drained() and time.monotonic() - max(self.last_change, start) > quiet_s:
                 return
             time.sleep(0.2)
 
@@ -286,7 +288,8 @@ def run_system(kind: str, args: argparse.Namespace, spark: Any) -> Row:
     counter.stop()
     link.close()
     cloud.stop()
-    shutil.rmtree(work, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return row
 
 
@@ -313,6 +316,7 @@ def main() -> None:
     ap.add_argument("--cuts", type=int, default=7)
     ap.add_argument("--stall", type=float, default=2.0, help="uplink down before each cut, s")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
     ap.add_argument("--systems", default="pubcomp,defaults,autosave")
     args = ap.parse_args()
     if (why := fuse_missing()) is not None:
