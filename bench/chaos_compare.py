@@ -52,7 +52,7 @@ import paho.mqtt.client as mqtt  # noqa: E402
 
 from pubcomp.devbroker import Mosquitto, free_port, mosquitto_binary  # noqa: E402
 from pubcomp.devlink import LinkProxy  # noqa: E402
-from tests.gateway_helpers import GatewayProc  # noqa: E402
+from tests.gateway_helpers import GatewayProc, PahoNode  # noqa: E402
 from tests.ingest_helpers import IngestProc  # noqa: E402
 from tests.powercut import PowerCutMount, fuse_missing  # noqa: E402
 
@@ -141,7 +141,7 @@ class Publisher(threading.Thread):
             while True:
                 if self.client.is_connected():
                     info = self.client.publish(f"nodes/{self.node}/readings", payload, qos=1)
-                    if _acked(info):
+                    if PahoNode._acked(info):
                         break
                 else:
                     time.sleep(0.02)
@@ -150,18 +150,6 @@ class Publisher(threading.Thread):
     def stop(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
-
-
-def _acked(info: mqtt.MQTTMessageInfo, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if info.is_published():
-                return True
-        except RuntimeError:  # paho dropped it: the connection went
-            return False
-        time.sleep(0.002)
-    return False
 
 
 # ---------------------------------------------------------------- the systems

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pubcomp.sync.store import fsync_dir
 from tests.powercut import PowerCutMount, fuse_missing
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
@@ -24,14 +25,6 @@ pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_miss
 def disk(tmp_path: Path) -> Iterator[PowerCutMount]:
     with PowerCutMount(tmp_path / "backing", tmp_path / "mnt") as d:
         yield d
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write(path: Path, data: bytes, sync: bool = False) -> None:
@@ -52,7 +45,7 @@ def test_only_fsynced_data_and_names_survive_a_cut(disk: PowerCutMount) -> None:
         f.write(b" and not this")
     os.mkdir(m / "d")
     write(m / "d" / "named-only", b"bytes never synced")
-    fsync_path(m / "d")  # rule 2: the entry, not the bytes
+    fsync_dir(m / "d")  # rule 2: the entry, not the bytes
     write(m / "d" / "x", b"old", sync=True)
     write(m / "d" / "x.tmp", b"new", sync=True)
     os.rename(m / "d" / "x.tmp", m / "d" / "x")  # not durable until the directory is fsynced
@@ -72,10 +65,10 @@ def test_directory_fsync_makes_renames_and_unlinks_durable(disk: PowerCutMount) 
     write(m / "a", b"A", sync=True)
     write(m / "b", b"B", sync=True)
     write(m / "c.tmp", b"C", sync=True)
-    fsync_path(m)
+    fsync_dir(m)
     os.unlink(m / "a")
     os.rename(m / "c.tmp", m / "b")
-    fsync_path(m)
+    fsync_dir(m)
     os.unlink(m / "b")  # after the last directory fsync: comes back
 
     disk.cut()
@@ -133,7 +126,7 @@ def committed_then_cut(disk: PowerCutMount, synchronous: str, commits: int) -> t
     db.execute("CREATE TABLE t (i INTEGER PRIMARY KEY)")
     db.commit()
     db.close()
-    fsync_path(disk.path)  # the database exists durably, empty
+    fsync_dir(disk.path)  # the database exists durably, empty
     cmd = [sys.executable, "-c", WRITER, str(path), synchronous]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
