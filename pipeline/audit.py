@@ -7,6 +7,7 @@ acknowledged or committed at the edge: each should be exactly 1.
 from __future__ import annotations
 
 import collections
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,3 +33,19 @@ def delivered(spark: SparkSession, warehouse: str | Path) -> Delivered:
         collections.Counter(r["id"] for r in rows),
         collections.Counter((r["origin"], r["sensor"], r["us"]) for r in rows),
     )
+
+
+def landed(landing: Path, rolled_only: bool = True) -> collections.Counter[str]:
+    """Reading ids in the landing zone's rolled files (what Spark would see)."""
+    counts: collections.Counter[str] = collections.Counter()
+    files = list(landing.glob("date=*/*.jsonl"))
+    if not rolled_only:
+        files += list((landing / "_incoming" / "readings").glob("*.jsonl"))
+    for f in files:
+        try:
+            text = f.read_text()
+        except FileNotFoundError:  # rolled away between the listing and the read
+            continue
+        for line in text.splitlines():
+            counts[json.loads(line)["id"]] += 1
+    return counts

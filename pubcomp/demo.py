@@ -38,6 +38,7 @@ from .devbroker import Mosquitto, free_port
 from .devlink import LinkProxy
 from .devnode import HostNode, node_config
 from .gateway import commitlog
+from .pipeline.audit import landed
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "examples" / "demo-fleet.yaml"
@@ -168,12 +169,9 @@ class Demo:
         print(f"cloud broker {self.cloud.url} (uplink via {self.link.port}), "
               f"gateway ingress :{self.ingress_port}, everything under {self.out}/")  # fmt: skip
 
-        def uplink_down() -> None:
-            self.link.down()
-
         timeline: list[tuple[float, str, Callable[[], None]]] = [
             (8, "power cut 1: gateway off and on", self.power_cut),
-            (15, "uplink down for 20 s", uplink_down),
+            (15, "uplink down for 20 s", self.link.down),
             (25, "power cut 2, with the backlog on disk", self.power_cut),
             (35, "uplink back: the backlog drains", self.link.up),
             (45, "cloud broker restarted", self.cloud.restart),
@@ -215,7 +213,7 @@ class Demo:
         self.gateway.terminate()
         self.gateway.wait(60)
         at_cloud = set(self.checker.snapshot())
-        wait_for(lambda: at_cloud <= landed_ids(self.out / "landing"), 60)
+        wait_for(lambda: at_cloud <= landed(self.out / "landing", rolled_only=False).keys(), 60)
         self.ingest.terminate()
         ingest_stats = json.loads((self.ingest.communicate(timeout=60)[0] or "{}").splitlines()[-1])
         print(f"  ingest landed {ingest_stats.get('readings', '?')} readings; running Spark ...")
@@ -289,16 +287,6 @@ class Demo:
             minute = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["us"] / 1e6))
             print(f"    {minute:<17} {r['count']:>5} {r['min']:>7.2f} {r['mean']:>7.2f} "
                   f"{r['max']:>7.2f}")  # fmt: skip
-
-
-def landed_ids(landing: Path) -> set[str]:
-    ids = set()
-    for f in landing.rglob("*.jsonl"):
-        if "_rejected" in f.parts:
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            ids |= {json.loads(line)["id"] for line in f.read_text().splitlines() if line}
-    return ids
 
 
 def wait_for(pred: Callable[[], bool], timeout: float) -> bool:

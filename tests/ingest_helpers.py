@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import subprocess
@@ -10,7 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+from pubcomp.pipeline.audit import landed
+
 from .procs import track
+
+__all__ = ["IngestProc", "landed", "rejected"]
 
 
 class IngestProc:
@@ -55,22 +58,6 @@ class IngestProc:
         self.proc.terminate()
         out, _ = self.proc.communicate(timeout=30)
         return json.loads(out.strip().splitlines()[-1])
-
-
-def landed(landing: Path, rolled_only: bool = True) -> collections.Counter[str]:
-    """Reading ids in the landing zone's rolled files (what Spark would see)."""
-    counts: collections.Counter[str] = collections.Counter()
-    files = list(landing.glob("date=*/*.jsonl"))
-    if not rolled_only:
-        files += list((landing / "_incoming" / "readings").glob("*.jsonl"))
-    for f in files:
-        try:
-            text = f.read_text()
-        except FileNotFoundError:  # rolled away between the listing and the read
-            continue
-        for line in text.splitlines():
-            counts[json.loads(line)["id"]] += 1
-    return counts
 
 
 def rejected(landing: Path) -> list[dict[str, str]]:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import mfusepy
 
-from .model import ROOT, FsError, Image
+from .model import FsError, Image
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -230,7 +230,6 @@ def main() -> None:
     args = ap.parse_args()
     fs = PowerCutFS(Image(args.backing, args.capacity, args.journal))
     threading.Thread(target=fs.control, args=(args.control,), daemon=True).start()
-    assert fs.image.inodes[ROOT].is_dir
     # hard_remove: an unlinked open file stays reachable by handle, no .fuse_hidden renames.
     mfusepy.FUSE(fs, str(args.mount), foreground=True, hard_remove=True, allow_other=True,
                  default_permissions=False, fsname="powercut")  # fmt: skip

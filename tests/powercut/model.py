@@ -96,6 +96,7 @@ class Image:
         self.inodes: dict[int, Inode] = {}
         self.durable: dict[int, dict[str, int]] = {}  # durable dir entries by inode
         self.durable_modes: dict[int, int] = {}
+        self._tree_text = ""  # what tree.json holds: most fsyncs change no name
         self._load()
 
     # -- the durable image ---------------------------------------------------------
@@ -126,10 +127,13 @@ class Image:
                 del self.durable_modes[ino]
                 self.durable.pop(ino, None)
                 (self.backing / "inodes" / str(ino)).unlink(missing_ok=True)
-        doc = {"modes": self.durable_modes, "dirs": self.durable}
+        text = json.dumps({"modes": self.durable_modes, "dirs": self.durable})
+        if text == self._tree_text:
+            return
         tmp = self.backing / "tree.json.tmp"
-        tmp.write_text(json.dumps(doc))
+        tmp.write_text(text)
         tmp.replace(self.backing / "tree.json")
+        self._tree_text = text
 
     def _durable_reachable(self) -> set[int]:
         seen, todo = {ROOT}, [ROOT]
