@@ -55,6 +55,9 @@ class UplinkSection(_Model):
     topic_prefix: str = "telemetry"
     batch: Annotated[int, Field(ge=1, le=10_000)] = 100
     max_bytes: Annotated[int, Field(ge=1024)] = 128 * 1024
+    # A message short of a full batch waits this long for more readings: fewer,
+    # fuller messages, so fewer session transitions to commit (docs/architecture.md).
+    linger_ms: Annotated[float, Field(ge=0, le=60_000)] = 500
     keepalive: Annotated[int, Field(ge=0, le=65535)] = 30
     username: str | None = None
     password: SecretStr | None = None
@@ -74,6 +77,12 @@ class StoreSection(_Model):
     path: str = "/var/lib/pubcomp/gateway.db"
     quota_mb: Annotated[float, Field(gt=0)] | None = None
     policy: Literal["refuse_new", "drop_oldest"] = "refuse_new"
+    # How long a node's PUBACK may wait for other messages to share its fsync.
+    commit_delay_ms: Annotated[float, Field(ge=0, le=1000)] = 2
+    # How long sensor readings (nobody waits for them) may wait for a commit.
+    sensor_delay_ms: Annotated[float, Field(ge=0, le=60_000)] = 1000
+    # The card's rated endurance, for the projected life on the status page.
+    flash_endurance_tbw: Annotated[float, Field(gt=0)] = 10.0
 
 
 class IngressSection(_Model):

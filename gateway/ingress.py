@@ -60,6 +60,9 @@ CONNECT_TIMEOUT = 10.0
 RECEIVE_MAXIMUM = 20
 HEADROOM = 512  # fixed header, topic and properties around a payload
 
+# A packet's replies: sent at once, or once the commit it waits for has returned.
+Reply = list[Packet] | asyncio.Future[list[Packet] | None]
+
 
 @dataclass
 class NodeStats:
@@ -69,6 +72,11 @@ class NodeStats:
     readings: int = 0
     duplicates: int = 0
     rejected: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 class RateLimiter:
@@ -240,20 +248,83 @@ class Ingress:
         await w.drain()
         limiter = RateLimiter(self.cfg.max_messages_per_second)
         keepalive = c.keepalive * 1.5 if c.keepalive else None
+        # Pipelined: PUBLISHes are taken while earlier ones are still being committed
+        # (up to the receive maximum), so one node's messages share fsyncs too; the
+        # writer sends each one's replies once its commit has returned, in arrival
+        # order (MQTT-4.6.0-2/-3: held back, never reordered).
+        replies: asyncio.Queue[Reply | None] = asyncio.Queue()
+        window = asyncio.Semaphore(RECEIVE_MAXIMUM)
+        writer = asyncio.create_task(self._write_replies(replies, w, version, window))
+        reader = asyncio.create_task(
+            self._read_packets(node, dec, pending, r, session, version, limiter, keepalive,
+                               replies, window)
+        )  # fmt: skip
+        try:
+            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            if writer in done:
+                writer.result()  # a refused commit (StoreFull): no more acknowledgements
+                return
+            reader.result()  # a protocol error closes the connection at once
+            await replies.put(None)  # a clean end: the acknowledgements owed still go out
+            await writer
+        finally:
+            for t in (reader, writer):
+                t.cancel()
+            await asyncio.gather(reader, writer, return_exceptions=True)
+            while not replies.empty():  # owed, never to be sent: their errors are known
+                left = replies.get_nowait()
+                if isinstance(left, asyncio.Future):
+                    left.add_done_callback(_retrieved)
+
+    async def _read_packets(
+        self,
+        node: str,
+        dec: Decoder,
+        pending: list[Packet],
+        r: asyncio.StreamReader,
+        session: ReceiverSession,
+        version: int,
+        limiter: RateLimiter,
+        keepalive: float | None,
+        replies: asyncio.Queue[Reply | None],
+        window: asyncio.Semaphore,
+    ) -> None:
+        """Read and check packets; queue each one's replies (a commit's, for a PUBLISH)."""
+        st = self.stats[node]
         while True:
             for pkt in pending:
-                reply = await self._packet(node, pkt, session, version, limiter)
-                if reply is None:
-                    return
-                if reply:
-                    w.write(b"".join(encode(p, version) for p in reply))
-                    await w.drain()
+                if isinstance(pkt, Publish) and pkt.qos:
+                    await window.acquire()  # released when its acknowledgement is written
+                    reply: Reply = asyncio.ensure_future(
+                        self._packet(node, pkt, session, version, limiter)
+                    )
+                    reply.add_done_callback(lambda _: window.release())
+                else:
+                    out = await self._packet(node, pkt, session, version, limiter)
+                    if out is None:
+                        return
+                    reply = out
+                await replies.put(reply)
             async with asyncio.timeout(keepalive):  # not wait_for: see sync/client.py recv
                 data = await r.read(65536)
             if not data:
                 return
             st.last_seen = time.time()
             pending = dec.feed(data)
+
+    async def _write_replies(
+        self,
+        replies: asyncio.Queue[Reply | None],
+        w: asyncio.StreamWriter,
+        version: int,
+        window: asyncio.Semaphore,
+    ) -> None:
+        while (reply := await replies.get()) is not None:
+            packets = reply if isinstance(reply, list) else await reply
+            if packets:
+                w.write(b"".join(encode(p, version) for p in packets))
+                if replies.empty():
+                    await w.drain()
 
     async def _packet(
         self, node: str, pkt: Packet, session: ReceiverSession, version: int, limiter: RateLimiter

@@ -1,10 +1,11 @@
-"""Intake: every reading on its way into the store, committed in groups.
+"""Intake: every reading on its way into the store, through the gateway's group commit.
 
-Node messages wait for their commit (the ingress sends PUBACK only after it);
-sensor readings are committed with the next group. While one commit runs (in a
-worker thread, so the event loop keeps receiving), everything that arrives
-gathers into the next one: under load, one fsync covers many messages from
-many nodes, and an idle gateway commits a lone message at once.
+Node messages wait for their commit (the ingress sends PUBACK only after it)
+and may wait ``commit_delay`` for company; sensor readings, which nobody
+waits for, gather for up to ``sensor_delay`` and ride whatever commit comes
+first. The commits themselves are the shared ``GroupCommit``'s (one
+transaction, one fsync for node messages, sensor readings and the uplink's
+session transitions alike); see sync/groupcommit.py.
 """
 
 from __future__ import annotations
@@ -16,34 +17,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pubcomp.sync.groupcommit import GroupCommit
 from pubcomp.sync.store import Reading, Store, StoreFull
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class _Pending:
-    key: str | None
-    readings: Sequence[Reading]
-    done: asyncio.Future[bool] | None  # None for sensor readings (nobody waits)
-
-
-@dataclass
-class _Op:
-    """Store work that must follow every commit queued before it (a clock correction)."""
-
-    fn: Callable[[], Any]
-    done: asyncio.Future[Any]
+SENSOR_DELAY_S = 1.0
 
 
 @dataclass
 class IntakeStats:
     committed_readings: int = 0
-    commits: int = 0
     duplicates: int = 0
     refused_full: int = 0
-    largest_group: int = 0
-    last_error: str | None = None  # the last commit's failure, cleared by a good commit
+    last_error: str | None = None  # the last failed commit of readings, cleared by a good one
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
@@ -52,131 +39,102 @@ class Intake:
         self,
         store: Store,
         *,
-        max_group: int = 2000,
+        commits: GroupCommit | None = None,
+        commit_delay: float = 0.002,
+        sensor_delay: float = SENSOR_DELAY_S,
         on_commit: Callable[[Sequence[Reading]], None] | None = None,
     ) -> None:
         self.store = store
+        self.commits = commits or GroupCommit(store, commit_delay=commit_delay)
+        self._own_commits = commits is None
         self.on_commit = on_commit  # sees the sensor readings of each commit, after it
-        self.max_group = max_group
+        self.sensor_delay = sensor_delay
         self.stats = IntakeStats()
-        self._pending: collections.deque[_Pending | _Op] = collections.deque()
+        self._sensor: list[Reading] = []
         self._state: dict[str, str] = {}
-        self._wake = asyncio.Event()
-        self._closed = False
+        self._in_flight = 0  # readings handed to the group commit, not yet committed
+        self.commits.add_source(self._take_sensor_readings)
 
     async def submit(self, key: str | None, readings: Sequence[Reading]) -> bool:
         """Commit a message's readings; True if stored, False if ``key`` was seen before.
 
         Raises StoreFull when the store refuses: the caller must not acknowledge.
         """
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(key, readings, fut))
-        self._wake.set()
-        return await fut
+        batch = [(key, readings)]
+        self._in_flight += len(readings)
+        try:
+            stored: bool = await self.commits.submit(
+                lambda db: self.store.append_batches_in(db, batch)[0]
+            )
+        except StoreFull:
+            self.stats.refused_full += 1
+            raise
+        except Exception as exc:
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self._in_flight -= len(readings)
+        self.stats.last_error = None
+        if stored:
+            self.stats.committed_readings += len(readings)
+        else:
+            self.stats.duplicates += 1
+        return stored
 
     def add(self, reading: Reading) -> None:
-        """A sensor reading: committed with the next group."""
-        self._pending.append(_Pending(None, (reading,), None))
-        self._wake.set()
+        """A sensor reading: committed with the next group, at the latest after ``sensor_delay``."""
+        self._sensor.append(reading)
+        self.commits.poke(self.sensor_delay)
 
     def set_state(self, key: str, value: str) -> None:
         """Saved in the next commit, atomically with the readings before it."""
         self._state[key] = value
-        self._wake.set()
-
-    async def after_commits(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the event loop once everything queued before it is committed.
-
-        On the loop thread, so it cannot interleave with the uplink taking
-        readings into messages.
-        """
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Op(fn, fut))
-        self._wake.set()
-        return await fut
+        self.commits.poke(self.sensor_delay)
 
     @property
     def queued(self) -> int:
-        return sum(len(p.readings) for p in self._pending if isinstance(p, _Pending))
+        return len(self._sensor) + self._in_flight
+
+    def _take_sensor_readings(self) -> None:
+        """Called on the event loop as a group forms: hand over the readings and the state
+        gathered so far, at one instant (a driver's state never runs ahead of its readings)."""
+        if not (self._sensor or self._state):
+            return
+        readings, self._sensor = self._sensor, []
+        state, self._state = self._state, {}
+        batch: list[tuple[str | None, Sequence[Reading]]] = [(None, readings)] if readings else []
+        self._in_flight += len(readings)
+        fut = self.commits.submit(
+            lambda db: self.store.append_batches_in(db, batch, state), within=0
+        )
+        fut.add_done_callback(lambda f: self._sensor_committed(f, readings, state))
+
+    def _sensor_committed(
+        self, fut: asyncio.Future[Any], readings: list[Reading], state: dict[str, str]
+    ) -> None:
+        self._in_flight -= len(readings)
+        exc = fut.exception()
+        if exc is None:
+            self.stats.committed_readings += len(readings)
+            self.stats.last_error = None
+            if self.on_commit is not None and readings:
+                self.on_commit(readings)
+            return
+        if isinstance(exc, StoreFull):
+            log.error("store refused %d sensor readings: %s", len(readings), exc)
+            self.stats.counters["sensor_readings_refused"] += len(readings)
+        else:
+            log.error("committing %d sensor readings failed: %s", len(readings), exc)
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            self.stats.counters["sensor_readings_lost"] += len(readings)
+        self._state = state | self._state  # the state is saved again with the next readings
 
     async def run(self) -> None:
-        """Commit until ``close()``; then commit what is left and return."""
-        while True:
-            self._wake.clear()
-            await self._drain()
-            if self._closed:
-                return
-            await self._wake.wait()
+        """Standalone use (tests, benchmarks): run this intake's own group commit until
+        ``close()``. A gateway shares one GroupCommit and runs it itself."""
+        if self._own_commits:
+            await self.commits.run()
 
     def close(self) -> None:
-        """Finish: ``run`` commits everything queued so far, then returns (not cancelled,
-        so no commit is cut off between the disk and the waiting nodes)."""
-        self._closed = True
-        self._wake.set()
-
-    async def _drain(self) -> None:
-        while self._pending or self._state:
-            head = self._pending[0] if self._pending else None
-            if isinstance(head, _Op):
-                self._pending.popleft()
-                try:
-                    head.done.set_result(head.fn())
-                except Exception as exc:
-                    head.done.set_exception(exc)
-            else:
-                await self._commit_group()
-
-    async def _commit_group(self) -> None:
-        group: list[_Pending] = []
-        readings = 0
-        while self._pending and readings < self.max_group:
-            p = self._pending[0]
-            if isinstance(p, _Op):
-                break
-            group.append(self._pending.popleft())
-            readings += len(p.readings)
-        # State goes with the last of what was queued before it, never ahead of it.
-        state: dict[str, str] = {}
-        if not any(isinstance(p, _Pending) for p in self._pending):
-            state, self._state = self._state, {}
-        # Sensor readings ride along as one keyless batch; node messages keep their keys.
-        sensor = [r for p in group if p.done is None for r in p.readings]
-        nodes = [p for p in group if p.done is not None]
-        batches: list[tuple[str | None, Sequence[Reading]]] = [(p.key, p.readings) for p in nodes]
-        if sensor:
-            batches.append((None, sensor))
-        try:
-            results = await asyncio.to_thread(self.store.append_batches, batches, state)
-        except StoreFull as exc:
-            self.stats.refused_full += len(nodes)
-            for p in nodes:
-                if not p.done.done():  # type: ignore[union-attr]
-                    p.done.set_exception(exc)  # type: ignore[union-attr]
-            if sensor:
-                log.error("store refused %d sensor readings: %s", len(sensor), exc)
-                self.stats.counters["sensor_readings_refused"] += len(sensor)
-            self._state = state | self._state
-            return
-        except Exception as exc:  # a bug or an I/O error: fail the waiters, keep running
-            log.exception("intake commit failed")
-            self.stats.last_error = f"{type(exc).__name__}: {exc}"
-            if sensor:
-                self.stats.counters["sensor_readings_lost"] += len(sensor)
-            for p in nodes:
-                if not p.done.done():  # type: ignore[union-attr]
-                    p.done.set_exception(exc)  # type: ignore[union-attr]
-            self._state = state | self._state
-            return
-        self.stats.commits += 1
-        self.stats.last_error = None
-        self.stats.largest_group = max(self.stats.largest_group, len(group))
-        for p, stored in zip(nodes, results, strict=False):
-            if stored:
-                self.stats.committed_readings += len(p.readings)
-            else:
-                self.stats.duplicates += 1
-            if not p.done.done():  # type: ignore[union-attr]
-                p.done.set_result(stored)  # type: ignore[union-attr]
-        self.stats.committed_readings += len(sensor)
-        if self.on_commit is not None and sensor:
-            self.on_commit(sensor)
+        if self._own_commits:
+            self.commits.close()

@@ -22,6 +22,7 @@ from typing import Any
 from pubcomp.sensors.api import ClockFix
 from pubcomp.sensors.pins import make_factory
 from pubcomp.sync.client import ConnectOptions, TLSOptions
+from pubcomp.sync.groupcommit import GroupCommit
 from pubcomp.sync.packets import MQTT_5, MQTT_311
 from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
@@ -73,8 +74,14 @@ class Gateway:
         self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
         self.clock = clock or ClockWatch(kernel_synced)
         audit = CommitLog.from_env()
+        # One group commit for everything the gateway writes: node messages, sensor
+        # readings and the uplink's session transitions share transactions and fsyncs.
+        self.commits = GroupCommit(self.store, commit_delay=cfg.store.commit_delay_ms / 1000)
         self.intake = Intake(
-            self.store, on_commit=None if audit is None else lambda rs: audit(rs, cfg.id)
+            self.store,
+            commits=self.commits,
+            sensor_delay=cfg.store.sensor_delay_ms / 1000,
+            on_commit=None if audit is None else lambda rs: audit(rs, cfg.id),
         )
         self.ingress: Ingress | None = None
         if cfg.ingress.enabled and cfg.nodes:
@@ -85,7 +92,10 @@ class Gateway:
             self.store,
             up.broker,
             connect_options(cfg),
-            UplinkConfig(up.topic_prefix, up.qos, up.batch, up.max_bytes),
+            UplinkConfig(
+                up.topic_prefix, up.qos, up.batch, up.max_bytes, linger=up.linger_ms / 1000
+            ),
+            commits=self.commits,
         )
         self.drivers = Drivers(
             list(cfg.sensors), lambda: make_factory(cfg.gpio), self.intake, self.clock, self.on_fix
@@ -97,13 +107,12 @@ class Gateway:
         self._store_ok = True
         self._store_error: str | None = None
         self._probe: asyncio.Future[Any] | None = None
-        self._fix_tasks: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------ running
 
     async def run(self, stop: asyncio.Event) -> int:
         uplink_stop = asyncio.Event()
-        self._critical["intake"] = asyncio.create_task(self.intake.run(), name="intake")
+        self._critical["commit"] = asyncio.create_task(self.commits.run(), name="commit")
         if self.ingress is not None:
             self.ingress_port = await self.ingress.start()
         self.health_port = await self.health.start()
@@ -133,13 +142,14 @@ class Gateway:
             await asyncio.gather(*drivers, *chores, return_exceptions=True)
             if self.ingress is not None:
                 await self.ingress.close()
-            self.intake.close()
-            await asyncio.gather(self._critical["intake"], return_exceptions=True)
             uplink_stop.set()
             try:
                 await asyncio.wait_for(self._critical["uplink"], 10.0)
             except (TimeoutError, Exception) as exc:
                 log.warning("uplink did not end cleanly: %r", exc)
+            # Last: what the producers and the uplink left pending is committed.
+            self.commits.close()
+            await asyncio.gather(self._critical["commit"], return_exceptions=True)
             await self.health.close()
             self.drivers.close()
             self.store.close()
@@ -154,14 +164,13 @@ class Gateway:
         if shift is None:
             return
 
-        def correct() -> int:
-            n = self.store.shift_times(self.first_new_seq, shift, UNSYNCED, CORRECTED)
+        def correct(db: Any) -> int:
+            n = self.store.shift_times_in(db, self.first_new_seq, shift, UNSYNCED, CORRECTED)
             log.info("clock synced: corrected %d waiting readings by %+.3f s", n, shift)
             return n
 
-        task = asyncio.ensure_future(self.intake.after_commits(correct))
-        self._fix_tasks.add(task)
-        task.add_done_callback(self._fix_tasks.discard)
+        # An op in the group commit: it follows every reading queued before it.
+        self.commits.submit_nowait(correct, within=0)
 
     async def _clock_loop(self) -> None:
         while True:
@@ -218,8 +227,8 @@ class Gateway:
         ]
         if not self._store_ok:
             why.append(self._store_error or "store unhealthy")
-        if self.intake.stats.last_error:
-            why.append(f"last commit failed: {self.intake.stats.last_error}")
+        if self.commits.stats.last_error:
+            why.append(f"last commit failed: {self.commits.stats.last_error}")
         return not why, why
 
     # ------------------------------------------------------------- status
@@ -266,7 +275,7 @@ class Gateway:
             "uplink": up,
             "intake": {
                 "committed_readings": it.committed_readings,
-                "commits": it.commits,
+                "commits": self.commits.stats.commits,
                 "duplicates": it.duplicates,
                 "refused_full": it.refused_full,
                 "queued": self.intake.queued,

@@ -35,7 +35,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -134,6 +134,19 @@ QUEUED = "QUEUED"
 
 
 @dataclass(slots=True)
+class StoreIO:
+    """What durability cost so far: each commit is one fsync of the WAL
+    (``synchronous=FULL``); a checkpoint fsyncs the WAL and the database file."""
+
+    commits: int = 0
+    checkpoints: int = 0
+
+    @property
+    def fsyncs(self) -> int:
+        return self.commits + 2 * self.checkpoints
+
+
+@dataclass(slots=True)
 class Message:
     """One in-flight message as the uplink needs it to (re)send."""
 
@@ -174,6 +187,10 @@ class Store:
         self.moved_aside: Path | None = None
         self._lock = threading.RLock()
         self._listeners: list[Any] = []
+        self.io = StoreIO()
+        # Readings up to here are being taken into messages whose commit is still on
+        # its way (a group commit): no quota drop or clock correction may touch them.
+        self.claimed_seq = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = self._open()
@@ -181,6 +198,10 @@ class Store:
             self.moved_aside = self._move_aside(exc)
             self._db = self._open()
         self.epoch, self.gateway_id = self._init_meta(gateway_id)
+        # Reads on their own connection: WAL lets them see every committed
+        # transaction without waiting for a commit (and its fsync) in progress.
+        self._rlock = threading.RLock()
+        self._rdb = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         # Room kept on the disk for the transactions that free space: when the disk
         # fills, deliveries (which delete readings) must still be able to commit.
         self.reserve_path = Path(f"{self.path}.reserve")
@@ -263,10 +284,11 @@ class Store:
             with contextlib.suppress(OSError):
                 self.reserve_path.unlink()
 
-    def _checkpoint(self) -> None:
+    def checkpoint(self) -> None:
         """Copy the WAL into the database and truncate it: gives its space back to the disk."""
         with self._lock, contextlib.suppress(sqlite3.OperationalError):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self.io.checkpoints += 1
 
     def _on_full_disk(self, fn: Any, *, spend_reserve: bool) -> Any:
         """Run a transaction; on a full disk, truncate the WAL and retry, then (for
@@ -274,24 +296,25 @@ class Store:
         try:
             return fn()
         except sqlite3.OperationalError as exc:
-            if not _disk_full(exc):
+            if not is_disk_full(exc):
                 raise
-        self._checkpoint()
+        self.checkpoint()
         try:
             return fn()
         except sqlite3.OperationalError as exc:
-            if not (_disk_full(exc) and spend_reserve and self.reserve_path.exists()):
+            if not (is_disk_full(exc) and spend_reserve and self.reserve_path.exists()):
                 raise
         log.error("disk full under %s: releasing the reserve to keep delivering", self.path)
         self.reserve_path.unlink()
-        self._checkpoint()
+        self.checkpoint()
         return fn()
 
     def _freeing(self, fn: Any) -> Any:
         return self._on_full_disk(fn, spend_reserve=True)
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._rlock:
+            self._rdb.close()
             self._db.close()
 
     def __enter__(self) -> Store:
@@ -307,10 +330,54 @@ class Store:
             try:
                 yield self._db
                 self._db.execute("COMMIT")
+                self.io.commits += 1
             except BaseException:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
+
+    def run_ops(self, ops: Sequence[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+        """Run ``ops`` in ONE transaction (one fsync), each under its own savepoint.
+
+        Returns (True, result) or (False, exception) per op: an op that raises is
+        undone alone. A full disk is not an op's failure: it undoes the whole
+        transaction and raises, so the caller can make room and try again.
+        """
+        out: list[tuple[bool, Any]] = []
+        with self._tx() as db:
+            for fn in ops:
+                db.execute("SAVEPOINT op")
+                try:
+                    out.append((True, fn(db)))
+                except sqlite3.OperationalError as exc:
+                    if is_disk_full(exc):
+                        raise
+                    db.execute("ROLLBACK TO op")
+                    out.append((False, exc))
+                except Exception as exc:
+                    db.execute("ROLLBACK TO op")
+                    out.append((False, exc))
+                db.execute("RELEASE op")
+        return out
+
+    def run_freeing(
+        self, ops: Sequence[Callable[[sqlite3.Connection], Any]]
+    ) -> list[tuple[bool, Any]]:
+        """``run_ops`` for deliveries on a full disk: may spend the reserve to commit them."""
+        results: list[tuple[bool, Any]] = self._freeing(lambda: self.run_ops(ops))
+        if not self.reserve_path.exists():
+            self._ensure_reserve()
+        return results
+
+    def refuse_full(self, exc: BaseException) -> StoreFull:
+        """The disk is full and nothing more can be freed: the error new data gets."""
+        self.refused_disk_full += 1
+        return StoreFull(f"disk full under {self.path}: refusing new readings ({exc})")
+
+    def notify(self) -> None:
+        """Tell the listeners that readings were committed (after a group commit)."""
+        for cb in self._listeners:
+            cb()
 
     # ------------------------------------------------------------ readings
 
@@ -346,9 +413,9 @@ class Store:
             else:
                 before, last = insert()
         except sqlite3.OperationalError as exc:
-            if not _disk_full(exc):
+            if not is_disk_full(exc):
                 raise
-            self._checkpoint()
+            self.checkpoint()
             self.refused_disk_full += 1
             raise StoreFull(f"disk full under {self.path}: refusing new readings") from exc
         if last <= before:
@@ -370,48 +437,51 @@ class Store:
         total, so it never runs ahead of or behind its committed readings).
         Raises StoreFull (nothing stored) when the quota or the disk refuses.
         """
-        now = time.time()
         results: list[bool] = []
 
-        def commit() -> int:
-            results.clear()
-            n = 0
+        def commit() -> list[bool]:
             with self._tx() as db:
-                self._make_room(db, sum(len(b) for _, b in batches))
-                for key, readings in batches:
-                    if key is not None:
-                        cur = db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)", (key, now))
-                        if cur.rowcount == 0:
-                            results.append(False)
-                            continue
-                    db.executemany(
-                        "INSERT INTO outbox (rid, origin, sensor, ts, value, unit, flags, queued) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        self._rows(readings, db, now),
-                    )
-                    n += len(readings)
-                    results.append(True)
-                if state:
-                    db.executemany(
-                        "INSERT OR REPLACE INTO state VALUES (?, ?)", list(state.items())
-                    )
-            return n
+                return self.append_batches_in(db, batches, state)
 
         try:
-            stored = self._on_full_disk(commit, spend_reserve=False)
+            results = self._on_full_disk(commit, spend_reserve=False)
         except sqlite3.OperationalError as exc:
-            if not _disk_full(exc):
+            if not is_disk_full(exc):
                 raise
-            self.refused_disk_full += 1
-            raise StoreFull(f"disk full under {self.path}: refusing new readings") from exc
-        if stored:
-            for cb in self._listeners:
-                cb()
-        return list(results)
+            raise self.refuse_full(exc) from exc
+        if any(results):
+            self.notify()
+        return results
+
+    def append_batches_in(
+        self,
+        db: sqlite3.Connection,
+        batches: Sequence[tuple[str | None, Sequence[Reading]]],
+        state: dict[str, str] | None = None,
+    ) -> list[bool]:
+        """``append_batches`` inside the caller's transaction (a group commit's op)."""
+        now = time.time()
+        results: list[bool] = []
+        self._make_room(db, sum(len(b) for _, b in batches))
+        for key, readings in batches:
+            if key is not None:
+                cur = db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)", (key, now))
+                if cur.rowcount == 0:
+                    results.append(False)
+                    continue
+            db.executemany(
+                "INSERT INTO outbox (rid, origin, sensor, ts, value, unit, flags, queued) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                self._rows(readings, db, now),
+            )
+            results.append(True)
+        if state:
+            db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", list(state.items()))
+        return results
 
     def get_state(self, key: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        with self._rlock:
+            row = self._rdb.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
     def prune_seen(self, older_than_s: float) -> int:
@@ -429,21 +499,26 @@ class Store:
         how many were corrected.
         """
         with self._tx() as db:
-            low = max(after_seq, self._inflight_high_seq(db))
-            rows = db.execute(
-                "SELECT seq, ts, flags FROM outbox WHERE seq > ? AND flags LIKE ?",
-                (low, f"%{flag}%"),
-            ).fetchall()
-            fixed = []
-            for seq, ts, flags in rows:
-                names = flags.split(",")
-                if flag not in names or add_flag in names or ts is None:
-                    continue
-                t = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() + shift_s
-                new_ts = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
-                fixed.append((new_ts.replace("+00:00", "Z"), ",".join([*names, add_flag]), seq))
-            db.executemany("UPDATE outbox SET ts = ?, flags = ? WHERE seq = ?", fixed)
-            self._bump(db, "clock_corrected", len(fixed))
+            return self.shift_times_in(db, after_seq, shift_s, flag, add_flag)
+
+    def shift_times_in(
+        self, db: sqlite3.Connection, after_seq: int, shift_s: float, flag: str, add_flag: str
+    ) -> int:
+        low = max(after_seq, self._inflight_high_seq(db))
+        rows = db.execute(
+            "SELECT seq, ts, flags FROM outbox WHERE seq > ? AND flags LIKE ?",
+            (low, f"%{flag}%"),
+        ).fetchall()
+        fixed = []
+        for seq, ts, flags in rows:
+            names = flags.split(",")
+            if flag not in names or add_flag in names or ts is None:
+                continue
+            t = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() + shift_s
+            new_ts = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+            fixed.append((new_ts.replace("+00:00", "Z"), ",".join([*names, add_flag]), seq))
+        db.executemany("UPDATE outbox SET ts = ?, flags = ? WHERE seq = ?", fixed)
+        self._bump(db, "clock_corrected", len(fixed))
         return len(fixed)
 
     def probe(self) -> None:
@@ -454,8 +529,8 @@ class Store:
 
     def last_seq(self) -> int:
         """The highest seq ever given to a reading in this store."""
-        with self._lock:
-            return self._last_seq(self._db)
+        with self._rlock:
+            return self._last_seq(self._rdb)
 
     def _rows(
         self, readings: Iterable[Reading], db: sqlite3.Connection, now: float
@@ -502,12 +577,13 @@ class Store:
         log.warning("store quota reached: dropped %d oldest waiting readings", cur.rowcount)
 
     def _inflight_high_seq(self, db: sqlite3.Connection) -> int:
-        return db.execute("SELECT COALESCE(MAX(last_seq), 0) FROM out_inflight").fetchone()[0]
+        high: int = db.execute("SELECT COALESCE(MAX(last_seq), 0) FROM out_inflight").fetchone()[0]
+        return max(high, self.claimed_seq)
 
     def waiting(self, after_seq: int, limit: int) -> list[tuple[int, dict[str, Any]]]:
         """Up to ``limit`` waiting readings above ``after_seq``, oldest first, as (seq, reading)."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._rlock:
+            rows = self._rdb.execute(
                 "SELECT seq, rid, origin, sensor, ts, value, unit, flags FROM outbox "
                 "WHERE seq > ? ORDER BY seq LIMIT ?",
                 (after_seq, limit),
@@ -527,8 +603,8 @@ class Store:
         }
 
     def readings_between(self, first_seq: int, last_seq: int) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._rlock:
+            rows = self._rdb.execute(
                 "SELECT seq, rid, origin, sensor, ts, value, unit, flags FROM outbox "
                 "WHERE seq BETWEEN ? AND ? ORDER BY seq",
                 (first_seq, last_seq),
@@ -539,11 +615,11 @@ class Store:
 
     def load_session(self, session: str) -> tuple[bool, int, list[Message]]:
         """(established, last_packet_id, this session's messages in original order)."""
-        with self._lock:
-            row = self._db.execute(
+        with self._rlock:
+            row = self._rdb.execute(
                 "SELECT established, last_packet_id FROM sessions WHERE session = ?", (session,)
             ).fetchone()
-            msgs = self._db.execute(
+            msgs = self._rdb.execute(
                 "SELECT ord, packet_id, qos, state, topic, first_seq, last_seq "
                 "FROM out_inflight WHERE session = ? ORDER BY ord",
                 (session,),
@@ -553,8 +629,10 @@ class Store:
 
     def high_seq(self) -> int:
         """Readings above this seq wait in the outbox; those at or below belong to messages."""
-        with self._lock:
-            return self._inflight_high_seq(self._db)
+        with self._rlock:
+            row = self._rdb.execute("SELECT COALESCE(MAX(last_seq), 0) FROM out_inflight")
+            high: int = row.fetchone()[0]
+        return high
 
     def adopt_orphans(self, session: str) -> int:
         """Take over messages of another session (the broker or client id changed).
@@ -563,22 +641,28 @@ class Store:
         for new ids; their readings are counted as resent after session loss.
         """
         with self._tx() as db:
-            rows = db.execute(
-                "UPDATE out_inflight SET session = ?, packet_id = NULL, state = 'QUEUED' "
-                "WHERE session != ? RETURNING first_seq, last_seq",
-                (session, session),
-            ).fetchall()
-            self._bump(db, "resent_after_session_loss", self._count_in(db, rows))
+            return self.adopt_orphans_in(db, session)
+
+    def adopt_orphans_in(self, db: sqlite3.Connection, session: str) -> int:
+        rows = db.execute(
+            "UPDATE out_inflight SET session = ?, packet_id = NULL, state = 'QUEUED' "
+            "WHERE session != ? RETURNING first_seq, last_seq",
+            (session, session),
+        ).fetchall()
+        self._bump(db, "resent_after_session_loss", self._count_in(db, rows))
         return len(rows)
 
     def session_started(self, session: str) -> None:
         """The broker now holds a session for us (after a clean start)."""
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO sessions (session, established, updated) VALUES (?, 1, ?) "
-                "ON CONFLICT(session) DO UPDATE SET established = 1, updated = excluded.updated",
-                (session, time.time()),
-            )
+            self.session_started_in(db, session)
+
+    def session_started_in(self, db: sqlite3.Connection, session: str) -> None:
+        db.execute(
+            "INSERT INTO sessions (session, established, updated) VALUES (?, 1, ?) "
+            "ON CONFLICT(session) DO UPDATE SET established = 1, updated = excluded.updated",
+            (session, time.time()),
+        )
 
     def begin_messages(self, session: str, messages: Sequence[Message]) -> None:
         """Rule 1: commit packet ids (state PUBLISH_SENT) before the PUBLISHes are sent.
@@ -587,36 +671,43 @@ class Store:
         in); others are QUEUED messages getting a new id.
         """
         if messages:
-            ords = self._freeing(lambda: self._begin_messages(session, messages))
-            for m, o in zip(messages, ords, strict=True):
+
+            def commit() -> list[int]:
+                with self._tx() as db:
+                    return self.begin_messages_in(db, session, messages)
+
+            for m, o in zip(messages, self._freeing(commit), strict=True):
                 m.ord, m.state = o, OutState.PUBLISH_SENT
 
-    def _begin_messages(self, session: str, messages: Sequence[Message]) -> list[int]:
+    def begin_messages_in(
+        self, db: sqlite3.Connection, session: str, messages: Sequence[Message]
+    ) -> list[int]:
+        """``begin_messages`` inside the caller's transaction; returns each message's ord
+        (the caller fills them in once the commit has returned)."""
         ords = []
-        with self._tx() as db:
-            for m in messages:
-                if m.ord:
+        for m in messages:
+            if m.ord:
+                db.execute(
+                    "UPDATE out_inflight SET packet_id = ?, state = 'PUBLISH_SENT', qos = ? "
+                    "WHERE ord = ?",
+                    (m.packet_id, m.qos, m.ord),
+                )
+                ords.append(m.ord)
+            else:
+                ords.append(
                     db.execute(
-                        "UPDATE out_inflight SET packet_id = ?, state = 'PUBLISH_SENT', qos = ? "
-                        "WHERE ord = ?",
-                        (m.packet_id, m.qos, m.ord),
-                    )
-                    ords.append(m.ord)
-                else:
-                    ords.append(
-                        db.execute(
-                            "INSERT INTO out_inflight "
-                            "(session, packet_id, state, qos, topic, first_seq, last_seq) "
-                            "VALUES (?, ?, 'PUBLISH_SENT', ?, ?, ?, ?)",
-                            (session, m.packet_id, m.qos, m.topic, m.first_seq, m.last_seq),
-                        ).lastrowid
-                    )
-            db.execute(
-                "INSERT INTO sessions (session, last_packet_id, updated) VALUES (?, ?, ?) "
-                "ON CONFLICT(session) DO UPDATE SET last_packet_id = excluded.last_packet_id, "
-                "updated = excluded.updated",
-                (session, messages[-1].packet_id, time.time()),
-            )
+                        "INSERT INTO out_inflight "
+                        "(session, packet_id, state, qos, topic, first_seq, last_seq) "
+                        "VALUES (?, ?, 'PUBLISH_SENT', ?, ?, ?, ?)",
+                        (session, m.packet_id, m.qos, m.topic, m.first_seq, m.last_seq),
+                    ).lastrowid
+                )
+        db.execute(
+            "INSERT INTO sessions (session, last_packet_id, updated) VALUES (?, ?, ?) "
+            "ON CONFLICT(session) DO UPDATE SET last_packet_id = excluded.last_packet_id, "
+            "updated = excluded.updated",
+            (session, messages[-1].packet_id, time.time()),
+        )
         return ords
 
     def apply(
@@ -636,61 +727,66 @@ class Store:
         """
         if not (released or completed or refused):
             return 0
-        delivered = self._freeing(lambda: self._apply(session, released, completed, refused))
+
+        def commit() -> int:
+            with self._tx() as db:
+                return self.apply_in(db, session, released, completed, refused)
+
+        delivered = self._freeing(commit)
         if completed and not self.reserve_path.exists():
             self._ensure_reserve()
         return int(delivered)
 
-    def _apply(
+    def apply_in(
         self,
+        db: sqlite3.Connection,
         session: str,
-        released: Sequence[int],
-        completed: Sequence[int],
-        refused: Sequence[tuple[int, int, bool]],
+        released: Sequence[int] = (),
+        completed: Sequence[int] = (),
+        refused: Sequence[tuple[int, int, bool]] = (),
     ) -> int:
-
+        """``apply`` inside the caller's transaction."""
         delivered = 0
-        with self._tx() as db:
-            db.executemany(
-                "UPDATE out_inflight SET state = 'PUBREL_SENT' WHERE session = ? AND packet_id = ?",
-                [(session, p) for p in released],
-            )
-            for pid in completed:
-                row = db.execute(
-                    "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
-                    "RETURNING first_seq, last_seq",
-                    (session, pid),
-                ).fetchone()
-                if row:
-                    cur = db.execute("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", row)
-                    delivered += cur.rowcount
-                    self._bump(db, "delivered", cur.rowcount)
-                    self._bump(db, "messages_completed", 1)
-            for pid, reason, permanent in refused:
-                if not permanent:
-                    db.execute(
-                        "UPDATE out_inflight SET packet_id = NULL, state = 'QUEUED' "
-                        "WHERE session = ? AND packet_id = ?",
-                        (session, pid),
-                    )
-                    self._bump(db, "refused_by_broker", 1)
-                    continue
-                row = db.execute(
-                    "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
-                    "RETURNING first_seq, last_seq",
-                    (session, pid),
-                ).fetchone()
-                if not row:
-                    continue
-                db.execute(
-                    "INSERT OR REPLACE INTO dead_letter "
-                    "SELECT seq, COALESCE(rid, origin || '/' || ? || '/' || seq), "
-                    "origin, sensor, ts, value, unit, flags, ?, ? "
-                    "FROM outbox WHERE seq BETWEEN ? AND ?",
-                    (self.epoch, reason, time.time(), *row),
-                )
+        db.executemany(
+            "UPDATE out_inflight SET state = 'PUBREL_SENT' WHERE session = ? AND packet_id = ?",
+            [(session, p) for p in released],
+        )
+        for pid in completed:
+            row = db.execute(
+                "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
+                "RETURNING first_seq, last_seq",
+                (session, pid),
+            ).fetchone()
+            if row:
                 cur = db.execute("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", row)
-                self._bump(db, "dead_lettered", cur.rowcount)
+                delivered += cur.rowcount
+                self._bump(db, "delivered", cur.rowcount)
+                self._bump(db, "messages_completed", 1)
+        for pid, reason, permanent in refused:
+            if not permanent:
+                db.execute(
+                    "UPDATE out_inflight SET packet_id = NULL, state = 'QUEUED' "
+                    "WHERE session = ? AND packet_id = ?",
+                    (session, pid),
+                )
+                self._bump(db, "refused_by_broker", 1)
+                continue
+            row = db.execute(
+                "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
+                "RETURNING first_seq, last_seq",
+                (session, pid),
+            ).fetchone()
+            if not row:
+                continue
+            db.execute(
+                "INSERT OR REPLACE INTO dead_letter "
+                "SELECT seq, COALESCE(rid, origin || '/' || ? || '/' || seq), "
+                "origin, sensor, ts, value, unit, flags, ?, ? "
+                "FROM outbox WHERE seq BETWEEN ? AND ?",
+                (self.epoch, reason, time.time(), *row),
+            )
+            cur = db.execute("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", row)
+            self._bump(db, "dead_lettered", cur.rowcount)
         return delivered
 
     def requeue_lost(self, session: str) -> int:
@@ -699,17 +795,21 @@ class Store:
         Returns the readings concerned, also counted as ``resent_after_session_loss``;
         the cloud's dedup on reading ids absorbs any copy the broker did deliver.
         """
-        return int(self._freeing(lambda: self._requeue_lost(session)))
 
-    def _requeue_lost(self, session: str) -> int:
-        with self._tx() as db:
-            rows = db.execute(
-                "UPDATE out_inflight SET packet_id = NULL, state = 'QUEUED' "
-                "WHERE session = ? AND packet_id IS NOT NULL RETURNING first_seq, last_seq",
-                (session,),
-            ).fetchall()
-            n = self._count_in(db, rows)
-            self._bump(db, "resent_after_session_loss", n)
+        def commit() -> int:
+            with self._tx() as db:
+                return self.requeue_lost_in(db, session)
+
+        return int(self._freeing(commit))
+
+    def requeue_lost_in(self, db: sqlite3.Connection, session: str) -> int:
+        rows = db.execute(
+            "UPDATE out_inflight SET packet_id = NULL, state = 'QUEUED' "
+            "WHERE session = ? AND packet_id IS NOT NULL RETURNING first_seq, last_seq",
+            (session,),
+        ).fetchall()
+        n = self._count_in(db, rows)
+        self._bump(db, "resent_after_session_loss", n)
         return n
 
     def _count_in(self, db: sqlite3.Connection, ranges: Iterable[tuple[int, int]]) -> int:
@@ -721,10 +821,10 @@ class Store:
     # ---------------------------------------------------- receiver session
 
     def qos2_pending(self, session: str) -> set[int]:
-        with self._lock:
+        with self._rlock:
             return {
                 r[0]
-                for r in self._db.execute(
+                for r in self._rdb.execute(
                     "SELECT packet_id FROM in_qos2 WHERE session = ?", (session,)
                 )
             }
@@ -767,12 +867,12 @@ class Store:
             self._bump(db, name, n)
 
     def counters(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._db.execute("SELECT name, value FROM counters").fetchall())
+        with self._rlock:
+            return dict(self._rdb.execute("SELECT name, value FROM counters").fetchall())
 
     def stats(self) -> dict[str, Any]:
-        with self._lock:
-            db = self._db
+        with self._rlock:
+            db = self._rdb
             backlog, oldest_seq = db.execute("SELECT COUNT(*), MIN(seq) FROM outbox").fetchone()
             oldest = db.execute("SELECT queued FROM outbox WHERE seq = ?", (oldest_seq,)).fetchone()
             inflight = db.execute("SELECT COUNT(*) FROM out_inflight").fetchone()[0]
@@ -796,8 +896,8 @@ class Store:
         }
 
 
-def _disk_full(exc: sqlite3.OperationalError) -> bool:
-    return "full" in str(exc)  # SQLITE_FULL: "database or disk is full"
+def is_disk_full(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
 
 
 def fsync_dir(path: Path) -> None:

@@ -34,6 +34,7 @@ from .client import (
 )
 from .codec import ProtocolError
 from .faults import crash_point
+from .groupcommit import GroupCommit
 from .packets import (
     MQTT_5,
     MQTT_311,
@@ -72,6 +73,13 @@ class UplinkConfig:
     batch: int = 100  # readings per message
     max_bytes: int = 128 * 1024  # payload bytes per message
     idle_poll: float = 0.5  # seconds between outbox polls when idle
+    # A message short of a full batch waits up to this long for more readings, and
+    # while nothing is backed up the session transitions wait as long for company in
+    # a group commit: fewer, fuller messages and fewer fsyncs (docs/architecture.md).
+    linger: float = 0.0
+    # A PUBCOMP (or PUBACK) is forgotten lazily: a PUBREL resent after a crash only
+    # draws another PUBCOMP, so its commit can wait for company this long.
+    completion_delay: float = 2.0
 
 
 @dataclass
@@ -107,8 +115,13 @@ class Uplink:
         broker: str,
         options: ConnectOptions,
         config: UplinkConfig | None = None,
+        *,
+        commits: GroupCommit | None = None,
     ) -> None:
         self.store = store
+        # Shared with the gateway's intake when given; otherwise the uplink's own.
+        self.commits = commits or GroupCommit(store, commit_delay=0.0)
+        self._own_commits = commits is None
         self.url = BrokerURL.parse(broker)
         self.opts = options
         self.cfg = config or UplinkConfig()
@@ -127,9 +140,23 @@ class Uplink:
     async def run(self, stop: asyncio.Event | None = None, exit_when_drained: bool = False) -> None:
         """Deliver until ``stop`` is set (or the store is drained, with the flag)."""
         self._loop = asyncio.get_running_loop()
-        stop = stop or asyncio.Event()
+        committer = asyncio.create_task(self.commits.run()) if self._own_commits else None
+        try:
+            await self._run(stop or asyncio.Event(), exit_when_drained)
+        finally:
+            if committer is not None:
+                self.commits.close()
+                await committer
+
+    async def commit(self, fn: Any, urgent: bool = True, frees: bool = False) -> Any:
+        """Run ``fn(db)`` in the next group commit and wait until it is durable."""
+        within = None if urgent else self.cfg.linger
+        return await self.commits.submit(fn, within=within, frees=frees)
+
+    async def _run(self, stop: asyncio.Event, exit_when_drained: bool) -> None:
         backoff = Backoff()
-        adopted = self.store.adopt_orphans(self.session_key)
+        key = self.session_key
+        adopted = await self.commit(lambda db: self.store.adopt_orphans_in(db, key))
         if adopted:
             log.warning("%d in-flight messages belonged to another session; re-queued", adopted)
         while not stop.is_set():
@@ -141,6 +168,10 @@ class Uplink:
                 self._failed(str(exc))
             except (ConnectionClosed, OSError, TimeoutError, ProtocolError, SessionError) as exc:
                 self._failed(f"{type(exc).__name__}: {exc}")
+            # Before the session is read again: every transition of the last connection
+            # (lazy PUBCOMPs included) is committed, or failed and is not in the store.
+            with contextlib.suppress(Exception):
+                await self.commits.flush()
             delay = backoff.next_delay()
             self.status.state = "backoff"
             with contextlib.suppress(TimeoutError):
@@ -206,7 +237,8 @@ class Uplink:
                 await conn.close()
                 raise SessionError("broker kept a session we had just cleared")
         if clean:
-            self.store.session_started(self.session_key)
+            key = self.session_key
+            await self.commit(lambda db: self.store.session_started_in(db, key))
         props = connack.properties
         rm = props.get("receive_maximum", 65535) if self.opts.version == MQTT_5 else 65535
         return conn, connack.session_present, rm, props.get("maximum_qos", 2)
@@ -216,7 +248,7 @@ class Uplink:
     ) -> bool:
         conn, present, receive_max, max_qos = await self._open()
         try:
-            link = self._resume(conn, present, receive_max, max_qos)
+            link = await self._resume(conn, present, receive_max, max_qos)
             backoff.reset()
             await link.resend()
             while not stop.is_set():
@@ -230,9 +262,13 @@ class Uplink:
         finally:
             # A DISCONNECT with reason 0 keeps the session (session expiry > 0 in
             # 5.0, CleanSession=0 in 3.1.1); the store keeps everything in flight.
+            with contextlib.suppress(Exception):
+                await self.commits.flush()
             await conn.close(Disconnect() if stop.is_set() else None)
 
-    def _resume(self, conn: Connection, present: bool, receive_max: int, max_qos: int) -> _Link:
+    async def _resume(
+        self, conn: Connection, present: bool, receive_max: int, max_qos: int
+    ) -> _Link:
         _, last_pid, messages = self.store.load_session(self.session_key)
         session = SenderSession(
             conn.version,
@@ -246,7 +282,8 @@ class Uplink:
             # 3.1.1 has no Receive Maximum; 20 is Mosquitto's default inflight limit.
             session.receive_maximum = min(session.receive_maximum, 20)
         if resume.lost:
-            n = self.store.requeue_lost(self.session_key)
+            key = self.session_key
+            n = await self.commit(lambda db: self.store.requeue_lost_in(db, key), frees=True)
             log.warning(
                 "broker lost our session: %d messages (%d readings) re-queued with new ids",
                 len(resume.lost),
@@ -270,7 +307,11 @@ class Uplink:
     ) -> list[Any]:
         """Wait for packets; return early on a stop, or when new readings could fill a free slot."""
         idle = not link.session.inflight
-        recv = asyncio.ensure_future(conn.recv(self.cfg.idle_poll if idle else None))
+        timeout = self.cfg.idle_poll if idle else None
+        lingering = link.linger_left()
+        if lingering is not None:
+            timeout = lingering if timeout is None else min(timeout, lingering)
+        recv = asyncio.ensure_future(conn.recv(timeout))
         others = {asyncio.ensure_future(stop.wait())}
         if link.session.send_quota() > 0:
             self._wakeup.clear()
@@ -307,6 +348,19 @@ class _Link:
         self.qos = qos
         self.max_bytes = max_bytes
         self.cursor = self.store.high_seq()
+        self.partial_since: float | None = None  # when a short batch began to linger
+        self.backed_up = False  # a full batch was waiting at the last fill
+
+    def urgent(self) -> bool:
+        """Commit the session's transitions at once (not lingering for company) while a
+        backlog drains or the send window is full: then the fsync is what limits the rate."""
+        return self.backed_up or self.session.send_quota() == 0
+
+    def linger_left(self) -> float | None:
+        """Seconds until a lingering short batch must go, or None if none lingers."""
+        if self.partial_since is None:
+            return None
+        return max(0.0, self.partial_since + self.up.cfg.linger - time.monotonic())
 
     def drained(self) -> bool:
         return not self.live and not self.queued and not self.store.waiting(self.cursor, 1)
@@ -341,12 +395,23 @@ class _Link:
             fresh += self._batches(quota)
         if not fresh:
             return
+        msgs = [m for m, _ in fresh]
+        # Rule 1: the packet ids are durable before the PUBLISHes are written. Until
+        # that commit returns, the readings are claimed: no quota drop or clock
+        # correction in the same group may change what these payloads carry.
+        self.store.claimed_seq = self.cursor
         try:
-            self.store.begin_messages(self.key, [m for m, _ in fresh])
+            ords = await self.up.commit(
+                lambda db: self.store.begin_messages_in(db, self.key, msgs), self.urgent()
+            )
         except BaseException:
-            for m, _ in fresh:
+            for m in msgs:
                 self.session.forget_allocation(m.packet_id)  # type: ignore[arg-type]
             raise
+        finally:
+            self.store.claimed_seq = 0
+        for m, o in zip(msgs, ords, strict=True):
+            m.ord, m.state = o, OutState.PUBLISH_SENT
         crash_point("publish_persisted")
         for m, _ in fresh:
             self.live[m.packet_id] = m  # type: ignore[index]
@@ -356,6 +421,16 @@ class _Link:
     def _batches(self, quota: int) -> list[tuple[Message, bytes]]:
         batch, head = self.up.cfg.batch, len(self.up._head) + 2
         rows = self.store.waiting(self.cursor, quota * batch)
+        self.backed_up = len(rows) >= batch
+        if not rows:
+            self.partial_since = None
+            return []
+        if not self.backed_up and self.up.cfg.linger > 0:
+            if self.partial_since is None:
+                self.partial_since = time.monotonic()
+            if self.linger_left():
+                return []  # a short batch: wait for more readings to share its message
+        self.partial_since = None
         out: list[tuple[Message, bytes]] = []
         i = 0
         while i < len(rows) and len(out) < quota:
@@ -373,6 +448,10 @@ class _Link:
             out.append((m, encode_payload(self.store.gateway_id, encoded)))
             self.cursor = last
         return out
+
+    def _delivered(self, done: asyncio.Future[int]) -> None:
+        if not done.cancelled() and done.exception() is None and done.result():
+            self.up.status.record_delivery(done.result())
 
     async def read_acks(self, pkts: list[Any]) -> None:
         """Commit what the acknowledgements say in one transaction, then answer."""
@@ -427,12 +506,24 @@ class _Link:
             elif isinstance(out, Ignored):
                 status.ignored[out.why.split(" for ")[0]] += 1
                 log.debug("ignored: %s", out.why)
-        if released or completed or refused:
-            delivered = self.store.apply(
-                self.key, released=released, completed=completed, refused=refused
+        if completed:
+            # Lazily: it rides the next commit (or waits ``completion_delay``), because a
+            # PUBREL resent after a crash only draws another PUBCOMP (design rule 3). The
+            # ids are free at the broker already; a message given one of them later is
+            # committed after this, since the group commit keeps the order of its ops.
+            done = self.up.commits.submit(
+                lambda db: self.store.apply_in(db, self.key, completed=completed),
+                within=self.up.cfg.completion_delay,
+                frees=True,
             )
-            if delivered:
-                status.record_delivery(delivered)
+            done.add_done_callback(self._delivered)
+        if released or refused:
+            # Rule 2: a PUBREC is durable before its PUBREL goes out.
+            await self.up.commit(
+                lambda db: self.store.apply_in(db, self.key, released=released, refused=refused),
+                self.urgent(),
+                frees=bool(refused),
+            )
         if replies:
             await self.conn.send(*replies)
             if released:

@@ -127,14 +127,20 @@ class PahoNode:
         self.node, self.boot, self.per_msg = node, boot, per_msg
         self.acked: list[int] = []
         self.retries = 0
+        self.interrupted = 0  # messages retried, or acknowledged only after a reconnect
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2, client_id=node, protocol=mqtt.MQTTv311
         )
         self.client.username_pw_set(node, password)
         self.client.reconnect_delay_set(0.05, 0.5)
+        self.connects = 0
+        self.client.on_connect = self._on_connect
         self.port = port
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _on_connect(self, *_: Any) -> None:
+        self.connects += 1
 
     def payload(self, seq: int) -> bytes:
         ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -152,10 +158,15 @@ class PahoNode:
         seq = 0
         while not self._stop.is_set():
             payload = self.payload(seq)
+            connects = self.connects
+            tries = 0
             while not self._acked(self.client.publish(self.topic, payload, qos=1)):
                 self.retries += 1  # no PUBACK: the same message again
+                tries += 1
                 while not self.client.is_connected():
                     time.sleep(0.02)
+            # paho resends an unacknowledged message itself after a reconnect
+            self.interrupted += tries > 0 or self.connects != connects
             self.acked.append(seq)
             seq += 1
             time.sleep(0.01)

@@ -112,13 +112,15 @@ def _message(seq: int) -> Any:
     return Message(0, 1, 2, QUEUED, "t", seq, seq)
 
 
-def test_intake_runs_an_operation_after_the_commits_queued_before_it(tmp_path: Path) -> None:
+def test_an_operation_runs_after_the_readings_queued_before_it(tmp_path: Path) -> None:
+    """A clock correction is an op in the group commit: it sees every reading added before it."""
+
     async def main(s: Store) -> int:
-        intake = Intake(s, max_group=7)
+        intake = Intake(s)
         task = asyncio.create_task(intake.run())
         for i in range(50):
             intake.add(Reading("x", float(i), "2026-01-01T00:00:00.000Z"))
-        seen = await intake.after_commits(s.last_seq)
+        seen: int = await intake.commits.submit(s._last_seq)
         intake.close()
         await task
         return seen

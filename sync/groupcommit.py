@@ -1,0 +1,235 @@
+"""Group commit: one transaction and one fsync for everything that is waiting.
+
+Every durable change on a gateway goes through one ``GroupCommit``: node
+messages (whose PUBACK waits for it), sensor readings, and the uplink's
+session transitions (a new PUBLISH's packet id, a PUBREC before its PUBREL, a
+PUBCOMP). Each change is an *op*, a function run inside the group's SQLite
+transaction under its own savepoint, so one op's failure (a refused batch)
+does not undo the others. Ops run in the order they were submitted, within a
+group and across groups, and a waiter hears of its op only after the COMMIT
+covering it has returned (``synchronous=FULL``: after the fsync). That is
+what lets an acknowledgement be held back, never sent early, never reordered
+(MQTT-4.6.0-2/-3).
+
+When to commit is a matter of deadlines, not of arrival: each op says how
+long it may wait (``within``). A PUBACK a node is waiting for may wait a few
+milliseconds (``commit_delay``), so the messages of several nodes share an
+fsync; a PUBCOMP may wait seconds, because forgetting it is never urgent (a
+PUBREL resent after a crash only draws another PUBCOMP); a sensor reading
+nobody waits for may wait a second. Whatever is pending rides the first
+commit any deadline calls for. While one commit runs (in a worker thread, so
+the event loop keeps receiving), everything that arrives gathers for the next.
+
+Sources are polled on the event loop as a group forms (the intake's sensor
+readings and driver state), so what a source hands over is taken at one
+instant and a driver's saved state never runs ahead of its readings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .store import Store, StoreFull, is_disk_full
+
+log = logging.getLogger(__name__)
+
+DbOp = Callable[[sqlite3.Connection], Any]
+Source = Callable[[], None]
+
+
+@dataclass(slots=True)
+class _Op:
+    fn: DbOp
+    deadline: float
+    frees: bool  # deletes data (deliveries): may spend the store's disk reserve
+    done: asyncio.Future[Any] | None
+
+
+@dataclass
+class CommitStats:
+    commits: int = 0
+    ops: int = 0
+    largest_group: int = 0
+    failed_commits: int = 0
+    last_error: str | None = None  # the last commit's failure, cleared by a good one
+    last_error_at: float | None = None
+    wait_s: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1000))
+
+
+class GroupCommit:
+    """Commits a store's pending ops in groups; see the module docstring."""
+
+    def __init__(self, store: Store, *, commit_delay: float = 0.002, max_ops: int = 5000) -> None:
+        self.store = store
+        self.commit_delay = commit_delay
+        self.max_ops = max_ops
+        self.stats = CommitStats()
+        self._pending: collections.deque[_Op] = collections.deque()
+        self._sources: list[Source] = []
+        self._poke_deadline: float | None = None
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._running = False
+
+    # ------------------------------------------------------------ producers
+
+    def submit(self, fn: DbOp, *, within: float | None = None, frees: bool = False) -> Any:
+        """Queue ``fn(db)`` for a group; returns a future of its result, set after the COMMIT.
+
+        ``within``: the longest it may wait for company (default ``commit_delay``).
+        """
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue(_Op(fn, self._deadline(within), frees, fut))
+        return fut
+
+    def submit_nowait(self, fn: DbOp, *, within: float, frees: bool = False) -> None:
+        """Queue ``fn(db)`` with nobody waiting for it (a failure is logged and counted)."""
+        self._queue(_Op(fn, self._deadline(within), frees, None))
+
+    def add_source(self, source: Source) -> None:
+        """``source()`` is called on the event loop as each group forms; what it submits
+        then leads the group, ahead of ops queued earlier (see module docstring)."""
+        self._sources.append(source)
+
+    def poke(self, within: float) -> None:
+        """A source has something: commit within ``within`` seconds."""
+        deadline = self._deadline(within)
+        if self._poke_deadline is None or deadline < self._poke_deadline:
+            self._poke_deadline = deadline
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Return once everything submitted so far is committed (or failed)."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue(_Op(lambda db: None, 0.0, False, fut))
+        await fut
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def _deadline(self, within: float | None) -> float:
+        return time.monotonic() + (self.commit_delay if within is None else max(0.0, within))
+
+    def _queue(self, op: _Op) -> None:
+        if self._closed and not self._running:
+            raise RuntimeError("group commit is closed")
+        self._pending.append(op)
+        if op.deadline <= time.monotonic() or len(self._pending) >= self.max_ops:
+            self._wake.set()
+        elif self._next_deadline() == op.deadline:
+            self._wake.set()  # an earlier deadline than the loop is sleeping towards
+
+    # -------------------------------------------------------------- the loop
+
+    async def run(self) -> None:
+        """Commit until ``close()``; then commit everything left and return."""
+        self._running = True
+        try:
+            while True:
+                await self._wait_for_deadline()
+                if self._pending or self._poke_deadline is not None:
+                    await self._commit_group()
+                elif self._closed:
+                    return
+        finally:
+            self._running = False
+
+    def close(self) -> None:
+        """Finish: ``run`` commits everything queued so far, then returns (it is not
+        cancelled, so no commit is cut off between the disk and its waiters)."""
+        self._closed = True
+        self._wake.set()
+
+    def _next_deadline(self) -> float | None:
+        candidates = [op.deadline for op in self._pending]
+        if self._poke_deadline is not None:
+            candidates.append(self._poke_deadline)
+        return min(candidates) if candidates else None
+
+    async def _wait_for_deadline(self) -> None:
+        while True:
+            self._wake.clear()
+            deadline = self._next_deadline()
+            if self._closed or len(self._pending) >= self.max_ops:
+                return
+            now = time.monotonic()
+            if deadline is not None and deadline <= now:
+                return
+            timeout = None if deadline is None else deadline - now
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+
+    async def _commit_group(self) -> None:
+        self._poke_deadline = None
+        queued = len(self._pending)
+        for source in self._sources:
+            source()
+        added = [self._pending.pop() for _ in range(len(self._pending) - queued)]
+        self._pending.extendleft(added)  # popped newest first: extendleft restores their order
+        group: list[_Op] = []
+        while self._pending and len(group) < self.max_ops:
+            group.append(self._pending.popleft())
+        if not group:
+            return
+        started = time.monotonic()
+        try:
+            outcomes = await asyncio.to_thread(self._commit, group)
+        except Exception as exc:  # the COMMIT failed: nothing in the group is durable
+            self.stats.failed_commits += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            self.stats.last_error_at = time.time()
+            log.error("group commit of %d ops failed: %s", len(group), exc)
+            outcomes = [(False, exc)] * len(group)
+        else:
+            self.stats.commits += 1
+            self.stats.ops += len(group)
+            self.stats.largest_group = max(self.stats.largest_group, len(group))
+            self.stats.last_error = None
+            self.stats.wait_s.append(time.monotonic() - started)
+            self.store.notify()
+        for op, (ok, value) in zip(group, outcomes, strict=True):
+            if op.done is None:
+                if not ok and not isinstance(value, StoreFull):
+                    log.error("store change with no waiter failed: %s", value)
+                continue
+            if op.done.done():
+                continue
+            if ok:
+                op.done.set_result(value)
+            else:
+                op.done.set_exception(value)
+
+    def _commit(self, group: list[_Op]) -> list[tuple[bool, Any]]:
+        """In the worker thread: one transaction for the group; on a full disk, make room
+        (truncate the WAL; for deliveries, spend the reserve) and try again."""
+        try:
+            return self.store.run_ops([op.fn for op in group])
+        except sqlite3.OperationalError as exc:
+            if not is_disk_full(exc):
+                raise
+        self.store.checkpoint()
+        try:
+            return self.store.run_ops([op.fn for op in group])
+        except sqlite3.OperationalError as exc:
+            if not is_disk_full(exc):
+                raise
+            full = exc
+        # Still full: deliveries alone (they free space), with the reserve if need be;
+        # everything that adds data is refused and keeps its waiters unacknowledged.
+        freeing = [op for op in group if op.frees]
+        done: dict[int, tuple[bool, Any]] = {}
+        if freeing:
+            results = self.store.run_freeing([op.fn for op in freeing])
+            done = {id(op): r for op, r in zip(freeing, results, strict=True)}
+        refusal = self.store.refuse_full(full)
+        return [done.get(id(op), (False, refusal)) for op in group]
