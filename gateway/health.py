@@ -65,6 +65,18 @@ class _Collector:
             (GaugeMetricFamily, "clock_synced", "1 when the wall clock is trusted (NTP or GPS)",
              clk["synced"]),
             (GaugeMetricFamily, "up_seconds", "seconds since the gateway started", s["uptime_s"]),
+            (CounterMetricFamily, "store_commits", "store transactions committed (one fsync each)",
+             st["commits"]),
+            (CounterMetricFamily, "store_fsyncs", "fsyncs by the store (commits, 2 per checkpoint)",
+             s["flash"]["fsyncs"]),
+            (CounterMetricFamily, "flash_written_bytes",
+             "bytes the gateway process wrote to storage (/proc/self/io write_bytes)",
+             s["flash"]["bytes_written"]),
+            (GaugeMetricFamily, "flash_bytes_per_day", "write rate over the last hour, per day",
+             s["flash"]["bytes_per_day"]),
+            (GaugeMetricFamily, "flash_life_years",
+             "rated card endurance / write rate: the card's projected life at this load",
+             s["flash"]["life_years"]),
         ]  # fmt: skip
         for family, name, doc, value in plain:
             m = family(f"pubcomp_{name}", doc)

@@ -111,7 +111,6 @@ class Ingress:
         self.cfg = config
         # clock.stamp(mono) -> (ISO time, flags) for messages without a time of their own.
         self.clock = clock
-        self.validator = wire.validator(wire.NODE_SCHEMA)
         self._verifier = Verifier()
         self.stats: dict[str, NodeStats] = collections.defaultdict(NodeStats)
         self.rejected_connections: collections.Counter[str] = collections.Counter()
@@ -391,22 +390,18 @@ class Ingress:
             return (Reason.NOT_AUTHORIZED, "foreign_topic"), [], None
         if len(pkt.payload) > self.cfg.max_payload_bytes:
             return (Reason.PACKET_TOO_LARGE, "oversize"), [], None
-        try:
-            msg = wire.loads(pkt.payload)
-        except (ValueError, UnicodeDecodeError):
-            return (Reason.PAYLOAD_FORMAT_INVALID, "invalid_json"), [], None
-        error = next(self.validator.iter_errors(msg), None)
-        if error is not None:
-            return (Reason.PAYLOAD_FORMAT_INVALID, "invalid_schema"), [], None
-        if msg["node"] != node:
+        msg = wire.parse_node_message(pkt.payload)
+        if isinstance(msg, str):
+            return (Reason.PAYLOAD_FORMAT_INVALID, msg), [], None
+        if msg.node != node:
             return (Reason.NOT_AUTHORIZED, "wrong_node"), [], None
-        if len(msg["readings"]) > self.cfg.max_readings_per_message:
+        if len(msg.readings) > self.cfg.max_readings_per_message:
             return (Reason.QUOTA_EXCEEDED, "too_many_readings"), [], None
-        return None, self._readings(node, msg), f"{node}/{msg['boot']}/{msg['seq']}"
+        return None, self._readings(node, msg), f"{node}/{msg.boot}/{msg.seq}"
 
-    def _readings(self, node: str, msg: dict[str, Any]) -> list[Reading]:
+    def _readings(self, node: str, msg: wire.NodeMessage) -> list[Reading]:
         flags: list[str] = []
-        if msg["ts"] is None:
+        if msg.ts is None:
             if self.clock is None:
                 base = datetime.now(UTC)
             else:
@@ -415,20 +410,18 @@ class Ingress:
                 flags += clock_flags
             flags.append("ts_from_gateway")
         else:
-            base = datetime.fromisoformat(msg["ts"].replace("Z", "+00:00"))
-        out = []
-        for i, rd in enumerate(msg["readings"]):
-            ts = base - timedelta(seconds=rd.get("dt", 0))
-            value = rd["value"]
-            out.append(
-                Reading(
-                    sensor=rd["sensor"],
-                    value=None if value is None else float(value),
-                    ts=ts.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                    unit=rd["unit"],
-                    origin=node,
-                    flags=flags,
-                    id=f"{node}/{msg['boot']}/{msg['seq']}.{i}",
-                )
+            base = datetime.fromisoformat(msg.ts.replace("Z", "+00:00"))
+        return [
+            Reading(
+                sensor=rd.sensor,
+                value=rd.value,
+                ts=(base - timedelta(seconds=rd.dt))
+                .isoformat(timespec="milliseconds")
+                .replace("+00:00", "Z"),
+                unit=rd.unit,
+                origin=node,
+                flags=flags,
+                id=f"{node}/{msg.boot}/{msg.seq}.{i}",
             )
-        return out
+            for i, rd in enumerate(msg.readings)
+        ]

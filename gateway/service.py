@@ -35,6 +35,7 @@ from .health import HealthServer
 from .ingress import Ingress
 from .intake import Intake
 from .notify import Notifier
+from .wear import Wear
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Gateway:
         self.store = Store(
             cfg.store.path, gateway_id=cfg.id, quota_bytes=quota, policy=cfg.store.policy
         )
+        self.wear = Wear(cfg.store.flash_endurance_tbw)
         self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
         self.clock = clock or ClockWatch(kernel_synced)
         audit = CommitLog.from_env()
@@ -181,6 +183,7 @@ class Gateway:
         while True:
             st = await asyncio.to_thread(self.store.stats)
             self.health.record(st["backlog"])
+            self.wear.sample(self.store.io.fsyncs)
             self.notifier.status(self.status_line(st))
             await asyncio.sleep(SAMPLE_S)
 
@@ -289,7 +292,10 @@ class Gateway:
                 "quota_bytes": st["quota_bytes"],
                 "disk_free_bytes": free,
                 "counters": st["counters"],
+                "commits": self.store.io.commits,
+                "checkpoints": self.store.io.checkpoints,
             },
+            "flash": self.wear.figures(self.store.io.fsyncs),
             "sensors": {sid: s.as_dict() for sid, s in self.drivers.status.items()},
             "nodes": nodes,
             "ingress_port": self.ingress_port,

@@ -56,8 +56,21 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
             + (f" of {_mb(st['quota_bytes'])} quota" if st["quota_bytes"] else "")
             + f", disk free {_mb(st['disk_free_bytes'])}",
         ),
+        ("flash", _flash(snap.get("flash"))),
         ("last error", up.get("last_error") or "-"),
     ]
+
+
+def _flash(f: dict[str, Any] | None) -> str:
+    if not f or f.get("bytes_per_day") is None:
+        return "-"
+    life = f["life_years"]
+    text = (
+        f"{_mb(f['bytes_per_day'])} written a day, {f['fsyncs_per_s'] or 0:,.1f} fsyncs/s; "
+        f"card life {'-' if life is None else f'{life:,.0f} years'} "
+        f"at {f['endurance_tbw']:g} TB endurance"
+    )
+    return text + (" (WARNING: under 5 years)" if f["life_warning"] else "")
 
 
 def sensor_rows(snap: dict[str, Any]) -> list[list[str]]:

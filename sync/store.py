@@ -45,12 +45,12 @@ from .session import OutState
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: node_seen; outbox.seq without AUTOINCREMENT in new files
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox (
-    seq     INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq     INTEGER PRIMARY KEY,  -- given by the store, never reused (meta.last_seq)
     rid     TEXT,              -- id given by the producer (nodes); NULL: origin/epoch/seq
     origin  TEXT NOT NULL,
     sensor  TEXT NOT NULL,
@@ -89,6 +89,13 @@ CREATE TABLE IF NOT EXISTS seen (
     at   REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS node_seen (
+    producer TEXT NOT NULL,    -- a node id
+    boot     INTEGER NOT NULL, -- its boot counter
+    seqs     TEXT NOT NULL,    -- JSON [[lo, hi], ...]: message seqs stored, as ranges
+    at       REAL NOT NULL,    -- last change
+    PRIMARY KEY (producer, boot)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dead_letter (
     seq     INTEGER PRIMARY KEY,
     id      TEXT NOT NULL,
@@ -104,7 +111,14 @@ CREATE TABLE IF NOT EXISTS dead_letter (
 """
 
 POLICIES = ("drop_oldest", "refuse_new")
-WAL_PAGES = 256
+# A node's seen seqs are kept as ranges; past this many gaps the oldest two ranges
+# merge (a message that old, missing all along, is taken as seen: see node_seen).
+MAX_SEEN_RANGES = 64
+WAL_BYTES = 1 << 20
+# Small pages for new stores: every commit rewrites each page it touches in full
+# (a WAL frame per page), and a commit touches a few pages however small the
+# change, so on flash the page size is the unit of wear (docs/architecture.md).
+PAGE_SIZE = 512
 
 
 class StoreError(Exception):
@@ -198,6 +212,12 @@ class Store:
             self.moved_aside = self._move_aside(exc)
             self._db = self._open()
         self.epoch, self.gateway_id = self._init_meta(gateway_id)
+        self._seq = self._highest_seq()
+        with self._lock:
+            # Stores made before schema 2 kept message keys one row each in ``seen``.
+            self._legacy_seen = (
+                self._db.execute("SELECT 1 FROM seen LIMIT 1").fetchone() is not None
+            )
         # Reads on their own connection: WAL lets them see every committed
         # transaction without waiting for a commit (and its fsync) in progress.
         self._rlock = threading.RLock()
@@ -214,13 +234,15 @@ class Store:
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
+            db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only; WAL fixes it
             db.execute("PRAGMA journal_mode=WAL")
             # FULL: the WAL is fsynced at every commit, so a commit survives a power cut.
             db.execute("PRAGMA synchronous=FULL")
             # A bounded WAL: checkpoint every 1 MiB and truncate it back to 1 MiB, so
             # the reserve below always covers one checkpoint on a full disk.
-            db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
-            db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
+            page = db.execute("PRAGMA page_size").fetchone()[0]
+            db.execute(f"PRAGMA wal_autocheckpoint={WAL_BYTES // page}")
+            db.execute(f"PRAGMA journal_size_limit={WAL_BYTES}")
             db.execute("PRAGMA foreign_keys=ON")
             row = db.execute("PRAGMA quick_check").fetchone()
             if row[0] != "ok":
@@ -268,6 +290,10 @@ class Store:
                 raise StoreError(
                     f"{self.path} has schema {meta['schema_version']}, newer than this "
                     f"pubcomp ({SCHEMA_VERSION}); upgrade pubcomp"
+                )
+            elif int(meta.get("schema_version", 0)) < SCHEMA_VERSION:
+                db.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
                 )
         return meta["epoch"], meta["gateway_id"]
 
@@ -400,11 +426,7 @@ class Store:
             with self._tx() as db:
                 before = self._last_seq(db)
                 self._make_room(db, 1)
-                db.executemany(
-                    "INSERT INTO outbox (rid, origin, sensor, ts, value, unit, flags, queued) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    self._rows(readings, db, now),
-                )
+                db.executemany(INSERT_OUTBOX, self._rows(readings, db, now))
                 return before, self._last_seq(db)
 
         try:
@@ -464,20 +486,41 @@ class Store:
         results: list[bool] = []
         self._make_room(db, sum(len(b) for _, b in batches))
         for key, readings in batches:
-            if key is not None:
-                cur = db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)", (key, now))
-                if cur.rowcount == 0:
-                    results.append(False)
-                    continue
-            db.executemany(
-                "INSERT INTO outbox (rid, origin, sensor, ts, value, unit, flags, queued) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                self._rows(readings, db, now),
-            )
+            if key is not None and self._seen_before(db, key, now):
+                results.append(False)
+                continue
+            db.executemany(INSERT_OUTBOX, self._rows(readings, db, now))
             results.append(True)
         if state:
             db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", list(state.items()))
         return results
+
+    def _seen_before(self, db: sqlite3.Connection, key: str, now: float) -> bool:
+        """Was this message key stored before? If not, remember it (in this transaction).
+
+        A node's keys are ``node/boot/seq``: one row per node and boot holds the seqs
+        stored as ranges (one range for a node that sends in order), so a commit of
+        several nodes' messages rewrites one small page, not a B-tree leaf per node.
+        Other keys keep one row each in ``seen``.
+        """
+        producer, _, tail = key.rpartition("/")
+        node, _, boot = producer.rpartition("/")
+        if not (node and boot.isdigit() and tail.isdigit()):
+            return db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)", (key, now)).rowcount == 0
+        if self._legacy_seen and db.execute("SELECT 1 FROM seen WHERE key = ?", (key,)).fetchone():
+            return True
+        row = db.execute(
+            "SELECT seqs FROM node_seen WHERE producer = ? AND boot = ?", (node, int(boot))
+        ).fetchone()
+        ranges: list[list[int]] = json.loads(row[0]) if row else []
+        seq = int(tail)
+        if any(lo <= seq <= hi for lo, hi in ranges):
+            return True
+        db.execute(
+            "INSERT OR REPLACE INTO node_seen VALUES (?, ?, ?, ?)",
+            (node, int(boot), json.dumps(add_to_ranges(ranges, seq), separators=(",", ":")), now),
+        )
+        return False
 
     def get_state(self, key: str) -> str | None:
         with self._rlock:
@@ -485,11 +528,14 @@ class Store:
         return row[0] if row else None
 
     def prune_seen(self, older_than_s: float) -> int:
-        """Forget message keys older than this (a retry never comes that late)."""
+        """Forget message keys older than this (a retry never comes that late): a
+        node's boots not written to since, and single keys. Returns the rows forgotten."""
+        cutoff = time.time() - older_than_s
         with self._tx() as db:
-            return db.execute(
-                "DELETE FROM seen WHERE at < ?", (time.time() - older_than_s,)
-            ).rowcount
+            n = db.execute("DELETE FROM node_seen WHERE at < ?", (cutoff,)).rowcount
+            n += db.execute("DELETE FROM seen WHERE at < ?", (cutoff,)).rowcount
+            self._legacy_seen = db.execute("SELECT 1 FROM seen LIMIT 1").fetchone() is not None
+        return n
 
     def shift_times(self, after_seq: int, shift_s: float, flag: str, add_flag: str) -> int:
         """Correct the timestamps of waiting readings flagged ``flag`` (not yet ``add_flag``).
@@ -541,11 +587,44 @@ class Store:
             if n % 1000 == 0:
                 self._make_room(db, 1000)  # long imports honour the quota as they go
             flags = ",".join(r.flags) or None
-            yield (r.id, r.origin or self.gateway_id, r.sensor, r.ts, r.value, r.unit, flags, now)
+            self._seq += 1  # a transaction undone leaves a gap, never a seq given twice
+            origin = r.origin or self.gateway_id
+            yield (self._seq, r.id, origin, r.sensor, r.ts, r.value, r.unit, flags, now)
 
     def _last_seq(self, db: sqlite3.Connection) -> int:
-        row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
-        return row[0] if row else 0
+        return self._seq
+
+    def _highest_seq(self) -> int:
+        """The highest seq given so far: ids ``origin/epoch/seq`` are never given twice,
+        so the floor survives the outbox draining (``meta.last_seq``, and the
+        AUTOINCREMENT counter of stores made before schema 2)."""
+        with self._lock:
+            db = self._db
+            floor = db.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+            auto = None
+            if self._has_autoincrement(db):
+                auto = db.execute(
+                    "SELECT seq FROM sqlite_sequence WHERE name = 'outbox'"
+                ).fetchone()
+            rows = db.execute(
+                "SELECT MAX(m) FROM (SELECT MAX(seq) m FROM outbox UNION ALL "
+                "SELECT MAX(seq) FROM dead_letter)"
+            ).fetchone()
+        return max(int(floor[0]) if floor else 0, auto[0] if auto else 0, rows[0] or 0)
+
+    @staticmethod
+    def _has_autoincrement(db: sqlite3.Connection) -> bool:
+        return (
+            db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'").fetchone()
+            is not None
+        )
+
+    def _keep_seq_floor(self, db: sqlite3.Connection) -> None:
+        """After deleting readings: if none above them remain, remember the highest seq
+        given (otherwise the next reading could be given a seq again)."""
+        top = db.execute("SELECT MAX(seq) FROM outbox").fetchone()[0]
+        if top is None or top < self._seq:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('last_seq', ?)", (str(self._seq),))
 
     def _used_bytes(self, db: sqlite3.Connection) -> int:
         pages = db.execute("PRAGMA page_count").fetchone()[0]
@@ -574,6 +653,7 @@ class Store:
             (low, victims),
         )
         self._bump(db, "dropped_quota", cur.rowcount)
+        self._keep_seq_floor(db)
         log.warning("store quota reached: dropped %d oldest waiting readings", cur.rowcount)
 
     def _inflight_high_seq(self, db: sqlite3.Connection) -> int:
@@ -787,6 +867,8 @@ class Store:
             )
             cur = db.execute("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", row)
             self._bump(db, "dead_lettered", cur.rowcount)
+        if completed or refused:
+            self._keep_seq_floor(db)
         return delivered
 
     def requeue_lost(self, session: str) -> int:
@@ -898,6 +980,26 @@ class Store:
 
 def is_disk_full(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
+INSERT_OUTBOX = (
+    "INSERT INTO outbox (seq, rid, origin, sensor, ts, value, unit, flags, queued) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def add_to_ranges(ranges: list[list[int]], seq: int) -> list[list[int]]:
+    """``ranges`` (sorted, disjoint, inclusive) with ``seq`` added, neighbours merged."""
+    out = sorted([*ranges, [seq, seq]])
+    merged: list[list[int]] = [out[0]]
+    for lo, hi in out[1:]:
+        if lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    while len(merged) > MAX_SEEN_RANGES:
+        merged[0:2] = [[merged[0][0], merged[1][1]]]
+    return merged
 
 
 def fsync_dir(path: Path) -> None:

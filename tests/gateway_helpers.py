@@ -113,10 +113,11 @@ class GatewayProc:
         db = sqlite3.connect(self.db)
         try:
             epoch = db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()[0]
-            row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+            floor = db.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+            top = db.execute("SELECT MAX(seq) FROM outbox").fetchone()[0]
         finally:
             db.close()
-        return epoch, row[0] if row else 0
+        return epoch, max(int(floor[0]) if floor else 0, top or 0)
 
 
 class PahoNode:

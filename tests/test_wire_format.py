@@ -103,3 +103,60 @@ def test_import_timestamps_are_normalised_to_utc_milliseconds(given: str, expect
 def test_import_timestamps_need_a_zone() -> None:
     with pytest.raises(ValueError, match="no time zone"):
         normalise_ts("2026-11-21T12:00:05")
+
+
+# The ingress checks node messages with a pydantic model (compiled, fast); the shipped JSON
+# Schema is the contract. Both must take and refuse the same payloads.
+_VALID: dict[str, Any] = {
+    "v": 1,
+    "node": "node-7",
+    "boot": 3,
+    "seq": 41,
+    "ts": "2026-11-23T10:00:00.123Z",
+    "readings": [
+        {"sensor": "t", "value": 21.5, "unit": "C"},
+        {"sensor": "rh", "value": None, "unit": None, "dt": 2},
+    ],
+}
+_FIELD_VALUES: dict[str, list[Any]] = {
+    "v": [1, 2, "1", True, None],
+    "node": ["n", "", "a/b", "x" * 64, "x" * 65, 5],
+    "boot": [0, -1, 1.5, True, "1", 2**40],
+    "seq": [0, -3, 7, None],
+    "ts": [None, "2026-11-23T10:00:00Z", "2026-11-23T10:00:00.123456Z", "2026-11-23", 0],
+    "readings": [[], [{"sensor": "a", "value": 1, "unit": "u"}] * 501, "x"],
+}
+_READING_VALUES: dict[str, list[Any]] = {
+    "sensor": ["", "s" * 64, "s" * 65, 3, None],
+    "value": [0, -1e300, 1.5, True, "2", None],
+    "unit": [None, "", "u" * 16, "u" * 17, 1],
+    "dt": [0, 1.5, -1, "1", None],
+    "extra": ["not allowed"],
+}
+
+
+def _cases() -> list[dict[str, Any]]:
+    out = [dict(_VALID), {k: v for k, v in _VALID.items() if k != "ts"}, {**_VALID, "x": 1}]
+    for key, values in _FIELD_VALUES.items():
+        out += [{**_VALID, key: v} for v in values]
+    for key, values in _READING_VALUES.items():
+        out += [{**_VALID, "readings": [{**_VALID["readings"][0], key: v}]} for v in values]
+    out.append({**_VALID, "readings": [{"sensor": "t", "value": 1}]})  # no unit
+    return out
+
+
+@pytest.mark.parametrize("msg", _cases(), ids=lambda m: json.dumps(m)[:60])
+def test_the_ingress_model_takes_what_the_node_schema_takes(msg: dict[str, Any]) -> None:
+    from pubcomp.sync import wire
+
+    by_schema = jsonschema.Draft202012Validator(schema("node-readings.v1.json")).is_valid(msg)
+    by_model = not isinstance(wire.parse_node_message(json.dumps(msg).encode()), str)
+    assert by_model == by_schema
+
+
+def test_the_ingress_model_refuses_nan_as_not_json() -> None:
+    from pubcomp.sync import wire
+
+    body = json.dumps(_VALID).replace("21.5", "NaN").encode()
+    assert wire.parse_node_message(body) == "invalid_json"
+    assert wire.parse_node_message(b"{not json") == "invalid_json"

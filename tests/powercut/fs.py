@@ -58,8 +58,9 @@ def gated(fn: F) -> F:
 class PowerCutFS(mfusepy.Operations):
     use_ns = True
 
-    def __init__(self, image: Image) -> None:
+    def __init__(self, image: Image, fsync_delay: float = 0.0) -> None:
         self.image = image
+        self.fsync_delay = fsync_delay
         self.frozen = threading.Event()
         self.handles: Counter[int] = Counter()
 
@@ -160,8 +161,13 @@ class PowerCutFS(mfusepy.Operations):
         self.image.truncate(self._node(path, fh).ino, length)
         return 0
 
-    @gated
     def fsync(self, path: str | None, datasync: int, fh: int) -> int:
+        if self.fsync_delay:
+            time.sleep(self.fsync_delay)  # slow flash: the caller waits, others go on
+        return self._fsync(path, datasync, fh)
+
+    @gated
+    def _fsync(self, path: str | None, datasync: int, fh: int) -> int:
         self.image.fsync(fh)
         return 0
 
@@ -227,8 +233,9 @@ def main() -> None:
     ap.add_argument("control", type=Path)
     ap.add_argument("--capacity", type=int, default=None, help="bytes of file data (ENOSPC)")
     ap.add_argument("--journal", action="store_true", help="any fsync commits every rename")
+    ap.add_argument("--fsync-delay", type=float, default=0.0, help="seconds added to each fsync")
     args = ap.parse_args()
-    fs = PowerCutFS(Image(args.backing, args.capacity, args.journal))
+    fs = PowerCutFS(Image(args.backing, args.capacity, args.journal), args.fsync_delay)
     threading.Thread(target=fs.control, args=(args.control,), daemon=True).start()
     # hard_remove: an unlinked open file stays reachable by handle, no .fuse_hidden renames.
     mfusepy.FUSE(fs, str(args.mount), foreground=True, hard_remove=True, allow_other=True,

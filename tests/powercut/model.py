@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = 1
+PAGE = 4096  # a flash page as the kernel writes it back
 # Beyond this many separate dirty ranges a file's are merged into one (bounded memory).
 MAX_RANGES = 256
 
@@ -77,6 +78,7 @@ class Stats:
     bytes_written: int = 0  # what applications wrote (all of it would reach a disk in time)
     fsyncs: int = 0
     bytes_synced: int = 0  # bytes fsync carried to the durable image
+    pages_synced: int = 0  # 4 KiB pages those bytes touched: what flash programs
     cuts: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -192,6 +194,7 @@ class Image:
 
     def _sync_data(self, node: Inode) -> None:
         size = len(node.data)
+        pages: set[int] = set()
         with open(self.backing / "inodes" / str(node.ino), "r+b") as f:
             f.truncate(size)
             for start, end in node.dirty:
@@ -200,6 +203,8 @@ class Image:
                     f.seek(start)
                     f.write(node.data[start:end])
                     self.stats.bytes_synced += end - start
+                    pages.update(range(start // PAGE, (end - 1) // PAGE + 1))
+        self.stats.pages_synced += len(pages)
         node.dirty.clear()
         self.durable_modes[node.ino] = node.mode
 

@@ -39,9 +39,15 @@ def fuse_missing() -> str | None:
 
 class PowerCutMount:
     def __init__(
-        self, backing: Path, mount: Path, capacity: int | None = None, journal: bool = False
+        self,
+        backing: Path,
+        mount: Path,
+        capacity: int | None = None,
+        journal: bool = False,
+        fsync_delay: float = 0.0,
     ) -> None:
         self.backing, self.path, self.capacity, self.journal = backing, mount, capacity, journal
+        self.fsync_delay = fsync_delay
         self.control = backing.parent / f".{mount.name}.control"
         self.log = backing.parent / f"{mount.name}.fs.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -63,6 +69,8 @@ class PowerCutMount:
             cmd += ["--capacity", str(self.capacity)]
         if self.journal:
             cmd.append("--journal")
+        if self.fsync_delay:
+            cmd += ["--fsync-delay", str(self.fsync_delay)]
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
         deadline = time.monotonic() + 20

@@ -1,0 +1,228 @@
+"""The group commit: one transaction per group, ops in order, each op's failure its own,
+waiters told only after the COMMIT, deadlines deciding when to commit."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pubcomp.sync.groupcommit import GroupCommit
+from pubcomp.sync.store import Reading, Store, StoreFull, add_to_ranges
+
+
+def reading(i: int) -> Reading:
+    return Reading("t", float(i), "2026-11-23T00:00:00.000Z", "C")
+
+
+def outbox_count(path: Path) -> int:
+    """Read by a connection of its own: only what is committed is seen."""
+    db = sqlite3.connect(path)
+    try:
+        n: int = db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+    finally:
+        db.close()
+    return n
+
+
+async def running(store: Store, **kw: Any) -> tuple[GroupCommit, asyncio.Task[None]]:
+    gc = GroupCommit(store, **kw)
+    return gc, asyncio.create_task(gc.run())
+
+
+def test_ops_of_a_group_share_one_commit_and_run_in_order(tmp_path: Path) -> None:
+    async def main(s: Store) -> tuple[list[Any], int, int]:
+        gc, task = await running(s, commit_delay=0.2)
+        commits0 = s.io.commits
+        order: list[int] = []
+
+        def op(i: int) -> Any:
+            def fn(db: sqlite3.Connection) -> int:
+                order.append(i)
+                s.append_batches_in(db, [(None, [reading(i)])])
+                return i
+
+            return fn
+
+        futs = [gc.submit(op(i)) for i in range(10)]
+        results = await asyncio.gather(*futs)
+        gc.close()
+        await task
+        return results, s.io.commits - commits0, len(order)
+
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        results, commits, ran = asyncio.run(main(s))
+        assert results == list(range(10)) and ran == 10
+        assert commits == 1  # ten ops, one transaction, one fsync
+        assert [r["value"] for r in s.readings_between(1, s.last_seq())] == list(range(10))
+
+
+def test_a_failing_op_is_undone_alone_and_its_waiter_hears_why(tmp_path: Path) -> None:
+    async def main(s: Store) -> list[Any]:
+        gc, task = await running(s, commit_delay=0.05)
+
+        def bad(db: sqlite3.Connection) -> None:
+            s.append_batches_in(db, [(None, [reading(99)])])
+            raise StoreFull("no room for this one")
+
+        futs = [
+            gc.submit(lambda db: s.append_batches_in(db, [(None, [reading(1)])])),
+            gc.submit(bad),
+            gc.submit(lambda db: s.append_batches_in(db, [(None, [reading(2)])])),
+        ]
+        out = await asyncio.gather(*futs, return_exceptions=True)
+        gc.close()
+        await task
+        return out
+
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        out = asyncio.run(main(s))
+        assert out[0] == [True] and out[2] == [True]
+        assert isinstance(out[1], StoreFull)
+        values = [r["value"] for r in s.readings_between(1, s.last_seq())]
+        assert values == [1.0, 2.0]  # the failed op's reading was undone with it
+
+
+def test_a_waiter_hears_only_after_the_commit(tmp_path: Path) -> None:
+    """MQTT-4.6.0-2/-3 rest on this: an acknowledgement sent on the future's result is
+    never ahead of the data it covers."""
+    path = tmp_path / "s.db"
+
+    async def main(s: Store) -> list[int]:
+        gc, task = await running(s, commit_delay=0.05)
+        seen_at_result: list[int] = []
+        for i in range(5):
+            fut = gc.submit(lambda db, i=i: s.append_batches_in(db, [(None, [reading(i)])]))
+            fut.add_done_callback(lambda _: seen_at_result.append(outbox_count(path)))
+            await fut
+        gc.close()
+        await task
+        return seen_at_result
+
+    with Store(path, gateway_id="gw") as s:
+        assert asyncio.run(main(s)) == [1, 2, 3, 4, 5]
+
+
+def test_lazy_ops_wait_for_their_deadline_or_ride_an_earlier_commit(tmp_path: Path) -> None:
+    async def main(s: Store) -> tuple[int, int, bool]:
+        gc, task = await running(s, commit_delay=0.0)
+        lazy = gc.submit(lambda db: s.append_batches_in(db, [(None, [reading(1)])]), within=30)
+        await asyncio.sleep(0)  # the loop turns: a lazy op alone does not commit
+        before = s.io.commits
+        assert not lazy.done()
+        await gc.submit(lambda db: s.append_batches_in(db, [(None, [reading(2)])]), within=0)
+        rode = lazy.done()  # committed with the urgent one, long before its 30 s
+        gc.close()
+        await task
+        return before, s.io.commits, rode
+
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        before, after, rode = asyncio.run(main(s))
+        assert rode and after - before == 1
+
+
+def test_sources_lead_the_group_and_close_commits_what_is_left(tmp_path: Path) -> None:
+    async def main(s: Store) -> list[str]:
+        gc, task = await running(s, commit_delay=0.0)
+        log: list[str] = []
+        held = [reading(7)]
+
+        def source() -> None:
+            if held:
+                rs = list(held)
+                held.clear()
+                log.append("source")
+                gc.submit_nowait(lambda db: s.append_batches_in(db, [(None, rs)]), within=0)
+
+        gc.add_source(source)
+        gc.poke(30)  # the source has something, and may wait 30 s ...
+        fut = gc.submit(lambda db: log.append(f"op sees {s._last_seq(db)}"))
+        await fut  # ... but rides this commit, ahead of the op
+        gc.close()
+        await task
+        return log
+
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        assert asyncio.run(main(s)) == ["source", "op sees 1"]
+
+
+def test_message_seqs_of_a_node_are_kept_as_ranges() -> None:
+    r: list[list[int]] = []
+    for seq in (5, 3, 4, 9, 7, 8):
+        r = add_to_ranges(r, seq)
+    assert r == [[3, 5], [7, 9]]
+    assert add_to_ranges(r, 6) == [[3, 9]]
+    many: list[list[int]] = []
+    for seq in range(0, 200, 2):  # 100 gaps: the oldest ranges merge, bounded
+        many = add_to_ranges(many, seq)
+    assert len(many) == 64 and many[-1] == [198, 198]
+
+
+def test_store_dedups_node_keys_in_any_order_and_across_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    r = [reading(0)]
+    with Store(path, gateway_id="gw") as s:
+        got = s.append_batches([("n/1/5", r), ("n/1/3", r), ("n/1/4", r), ("n/2/4", r)])
+        assert got == [True, True, True, True]
+        assert s.append_batches([("n/1/4", r), ("n/1/6", r), ("x-key", r)]) == [False, True, True]
+        assert s.append_batches([("x-key", r)]) == [False]
+    with Store(path) as s:
+        assert s.append_batches([("n/1/3", r), ("n/2/4", r), ("n/2/5", r)]) == [
+            False,
+            False,
+            True,
+        ]
+        db = sqlite3.connect(path)
+        rows = db.execute("SELECT producer, boot, seqs FROM node_seen ORDER BY boot").fetchall()
+        db.close()
+        assert rows == [("n", 1, "[[3,6]]"), ("n", 2, "[[4,5]]")]
+
+
+def test_keys_in_a_store_made_before_schema_2_are_still_seen(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store(path, gateway_id="gw"):
+        pass
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO seen VALUES ('n/1/7', 0)")  # as schema 1 kept message keys
+    db.commit()
+    db.close()
+    with Store(path) as s:
+        assert s.append_batches([("n/1/7", [reading(0)]), ("n/1/8", [reading(1)])]) == [
+            False,
+            True,
+        ]
+
+
+def test_a_seq_is_never_given_twice_even_after_the_outbox_drains(tmp_path: Path) -> None:
+    from pubcomp.sync.store import QUEUED, Message
+
+    path = tmp_path / "s.db"
+    with Store(path, gateway_id="gw") as s:
+        first, last = s.append([reading(i) for i in range(3)])
+        s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", first, last)])
+        assert s.apply("k", completed=[1]) == 3
+        assert s.stats()["backlog"] == 0
+    with Store(path) as s:
+        assert s.append([reading(9)]) == (4, 4)
+        assert s.waiting(0, 10)[0][1]["id"] == f"gw/{s.epoch}/4"
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01])
+def test_intake_pipelined_submits_commit_in_groups(tmp_path: Path, delay: float) -> None:
+    from pubcomp.gateway.intake import Intake
+
+    async def main(s: Store) -> tuple[list[bool], int]:
+        intake = Intake(s, commit_delay=delay)
+        task = asyncio.create_task(intake.run())
+        c0 = s.io.commits
+        stored = await asyncio.gather(*(intake.submit(f"n/1/{i}", [reading(i)]) for i in range(50)))
+        intake.close()
+        await task
+        return stored, s.io.commits - c0
+
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        stored, commits = asyncio.run(main(s))
+        assert all(stored) and commits <= 2  # fifty messages waiting together: one group
