@@ -78,7 +78,7 @@ class StoreSection(_Model):
     quota_mb: Annotated[float, Field(gt=0)] | None = None
     policy: Literal["refuse_new", "drop_oldest"] = "refuse_new"
     # How long a node's PUBACK may wait for other messages to share its fsync.
-    commit_delay_ms: Annotated[float, Field(ge=0, le=1000)] = 2
+    commit_delay_ms: Annotated[float, Field(ge=0, le=1000)] = 10  # bench/wear.py
     # How long sensor readings (nobody waits for them) may wait for a commit.
     sensor_delay_ms: Annotated[float, Field(ge=0, le=60_000)] = 1000
     # The card's rated endurance, for the projected life on the status page.

@@ -64,7 +64,7 @@ class Intake:
         self._in_flight += len(readings)
         try:
             stored: bool = await self.commits.submit(
-                lambda db: self.store.append_batches_in(db, batch)[0]
+                lambda db: self.store.append_batches_in(db, batch)[0], peer=True
             )
         except StoreFull:
             self.stats.refused_full += 1

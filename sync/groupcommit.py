@@ -14,9 +14,10 @@ what lets an acknowledgement be held back, never sent early, never reordered
 When to commit is a matter of deadlines, not of arrival: each op says how
 long it may wait (``within``). A PUBACK a node is waiting for may wait a few
 milliseconds (``commit_delay``), so the messages of several nodes share an
-fsync; a PUBCOMP may wait seconds, because forgetting it is never urgent (a
-PUBREL resent after a crash only draws another PUBCOMP); a sensor reading
-nobody waits for may wait a second. Whatever is pending rides the first
+fsync, and a group whose waiting producers are as many as waited together
+lately is full and goes at once; a PUBCOMP may wait seconds, because
+forgetting it is never urgent (a PUBREL resent after a crash only draws
+another PUBCOMP); a sensor reading nobody waits for may wait a second. Whatever is pending rides the first
 commit any deadline calls for. While one commit runs (in a worker thread, so
 the event loop keeps receiving), everything that arrives gathers for the next.
 
@@ -51,6 +52,7 @@ class _Op:
     deadline: float
     frees: bool  # deletes data (deliveries): may spend the store's disk reserve
     done: asyncio.Future[Any] | None
+    peer: bool = False  # a producer waits for it (a PUBACK): counts towards a full group
 
 
 @dataclass
@@ -78,16 +80,24 @@ class GroupCommit:
         self._wake = asyncio.Event()
         self._closed = False
         self._running = False
+        # How many producers waited together in recent groups: once that many are
+        # waiting again, the group is as full as it gets and need not wait its delay.
+        self._recent_peers: collections.deque[int] = collections.deque(maxlen=16)
+        self._peers_pending = 0
 
     # ------------------------------------------------------------ producers
 
-    def submit(self, fn: DbOp, *, within: float | None = None, frees: bool = False) -> Any:
+    def submit(
+        self, fn: DbOp, *, within: float | None = None, frees: bool = False, peer: bool = False
+    ) -> Any:
         """Queue ``fn(db)`` for a group; returns a future of its result, set after the COMMIT.
 
         ``within``: the longest it may wait for company (default ``commit_delay``).
+        ``peer``: one of several producers that each wait for their commit (node
+        messages): when as many wait as did together lately, the group commits at once.
         """
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue(_Op(fn, self._deadline(within), frees, fut))
+        self._queue(_Op(fn, self._deadline(within), frees, fut, peer))
         return fut
 
     def submit_nowait(self, fn: DbOp, *, within: float, frees: bool = False) -> None:
@@ -123,7 +133,8 @@ class GroupCommit:
         if self._closed and not self._running:
             raise RuntimeError("group commit is closed")
         self._pending.append(op)
-        if op.deadline <= time.monotonic() or len(self._pending) >= self.max_ops:
+        self._peers_pending += op.peer
+        if op.deadline <= time.monotonic() or len(self._pending) >= self.max_ops or self._full():
             self._wake.set()
         elif self._next_deadline() == op.deadline:
             self._wake.set()  # an earlier deadline than the loop is sleeping towards
@@ -149,6 +160,9 @@ class GroupCommit:
         self._closed = True
         self._wake.set()
 
+    def _full(self) -> bool:
+        return self._peers_pending >= max(self._recent_peers, default=0) > 0
+
     def _next_deadline(self) -> float | None:
         candidates = [op.deadline for op in self._pending]
         if self._poke_deadline is not None:
@@ -159,7 +173,7 @@ class GroupCommit:
         while True:
             self._wake.clear()
             deadline = self._next_deadline()
-            if self._closed or len(self._pending) >= self.max_ops:
+            if self._closed or len(self._pending) >= self.max_ops or self._full():
                 return
             now = time.monotonic()
             if deadline is not None and deadline <= now:
@@ -181,6 +195,10 @@ class GroupCommit:
             group.append(self._pending.popleft())
         if not group:
             return
+        peers = sum(op.peer for op in group)
+        self._peers_pending -= peers
+        if peers:
+            self._recent_peers.append(peers)
         started = time.monotonic()
         try:
             outcomes = await asyncio.to_thread(self._commit, group)
