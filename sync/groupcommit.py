@@ -17,9 +17,10 @@ milliseconds (``commit_delay``), so the messages of several nodes share an
 fsync, and a group whose waiting producers are as many as waited together
 lately is full and goes at once; a PUBCOMP may wait seconds, because
 forgetting it is never urgent (a PUBREL resent after a crash only draws
-another PUBCOMP); a sensor reading nobody waits for may wait a second. Whatever is pending rides the first
-commit any deadline calls for. While one commit runs (in a worker thread, so
-the event loop keeps receiving), everything that arrives gathers for the next.
+another PUBCOMP); a sensor reading nobody waits for may wait a second.
+Whatever is pending rides the first commit any deadline calls for. While one
+commit runs (in a worker thread, so the event loop keeps receiving),
+everything that arrives gathers for the next.
 
 Sources are polled on the event loop as a group forms (the intake's sensor
 readings and driver state), so what a source hands over is taken at one
