@@ -34,6 +34,7 @@ CHECKS = [
     "outbox_modes",
     "leds",
     "config",
+    "tls_config",
     "adc",
 ]
 
@@ -84,6 +85,8 @@ def test_pure_logic_under_micropython_wasm() -> None:
     assert done.stdout.rstrip().endswith("DONE")
     ram = int(re.search(r"^MEASURE ram_bytes_500_readings (\d+)$", done.stdout, re.M)[1])  # type: ignore[index]
     assert 0 < ram < 64 * 1024, ram  # small enough for an ESP32 with Wi-Fi up
+    tls = int(re.search(r"^MEASURE ram_bytes_tls_settings (-?\d+)$", done.stdout, re.M)[1])  # type: ignore[index]
+    assert 462 <= tls < 4096, tls  # at least the DER certificate; well under a board's heap
 
 
 def _gateway(tmp_path: Path, mosquitto: Mosquitto, node: str, password: str) -> GatewayProc:

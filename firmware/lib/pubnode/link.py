@@ -12,6 +12,9 @@
 #   Nagle's algorithm against the peer's delayed ACK each message then waits
 #   about 40 ms (measured: 45 readings/s instead of thousands over loopback).
 #   Fewer, fuller segments also keep the radio on for less time.
+# - TLS verified against one pinned certificate (gateway.ca in config.json):
+#   never CERT_NONE, which on mbedTLS ports checks nothing at all.
+import gc
 import time
 
 from umqtt.simple import MQTTClient, MQTTException
@@ -21,6 +24,39 @@ from .rand import bits
 LINK_ERRORS = (OSError, MQTTException, AssertionError, IndexError)
 BACKOFF_MIN_MS = 500
 BACKOFF_MAX_MS = 30000
+CERT_REQUIRED = 2  # ssl.CERT_REQUIRED (the same on MicroPython and CPython)
+CERT_VERIFY_FAILED = -0x2700  # MBEDTLS_ERR_X509_CERT_VERIFY_FAILED, what MicroPython raises
+
+
+def cert_refused(err):
+    """True when a connect failed because the gateway's certificate was not trusted."""
+    if not isinstance(err, OSError):
+        return False
+    return (err.args and err.args[0] == CERT_VERIFY_FAILED) or "CERT_VERIFY" in str(err)
+
+
+class PinnedTls:
+    """TLS that trusts one certificate (DER) and checks the server's name against it.
+
+    umqtt.simple 1.3.x takes ssl=True and ssl_params for ussl.wrap_socket;
+    1.4 and later take an SSLContext-like object and call its wrap_socket.
+    """
+
+    def __init__(self, cadata, server_hostname):
+        self.cadata = cadata
+        self.server_hostname = server_hostname
+
+    def params(self):
+        return {
+            "cert_reqs": CERT_REQUIRED,
+            "cadata": self.cadata,
+            "server_hostname": self.server_hostname,
+        }
+
+    def wrap_socket(self, sock, server_hostname=None):
+        import ussl
+
+        return ussl.wrap_socket(sock, **self.params())
 
 
 def _jitter(ms):
@@ -63,8 +99,9 @@ class Coalesce:
 
 
 class Link:
-    def __init__(self, node_id, password, host, port, keepalive_s=60, timeout_s=10):
+    def __init__(self, node_id, password, host, port, keepalive_s=60, timeout_s=10, tls=None):
         self.node_id = node_id
+        self.tls = tls  # a PinnedTls, or None for plaintext
         self.password = password
         self.host, self.port = host, port
         self.keepalive_s = keepalive_s
@@ -78,6 +115,9 @@ class Link:
         self.connects = 0
         self.failures = 0
         self.last_error = None
+        self.cert_refused = False  # the last connect failed on the gateway's certificate
+        self.connect_ms = -1  # the last successful connect: TCP, TLS handshake, CONNACK
+        self.connect_heap = -1  # heap taken by the connection (gc.mem_free drop), -1 unknown
 
     @property
     def up(self):
@@ -104,14 +144,9 @@ class Link:
             return True
         if time.ticks_diff(time.ticks_ms(), self.next_try) < 0:
             return False
-        c = MQTTClient(
-            self.node_id,
-            self.host,
-            self.port,
-            user=self.node_id,
-            password=self.password,
-            keepalive=self.keepalive_s,
-        )
+        c = self._client()
+        free0 = gc.mem_free()
+        t0 = time.ticks_ms()
         try:
             c.connect()
             c.sock = Coalesce(c.sock)
@@ -119,12 +154,27 @@ class Link:
         except LINK_ERRORS as e:
             self.client = c
             self._fail(e)
+            self.cert_refused = cert_refused(e)
             return False
+        self.connect_ms = time.ticks_diff(time.ticks_ms(), t0)
+        free1 = gc.mem_free()
+        self.connect_heap = free0 - free1 if free0 >= 0 and free1 >= 0 else -1
+        self.cert_refused = False
         self.client = c
         self.connects += 1
         self.backoff_ms = BACKOFF_MIN_MS
         self.last_tx = time.ticks_ms()
         return True
+
+    def _client(self):
+        args = (self.node_id, self.host, self.port)
+        kw = {"user": self.node_id, "password": self.password, "keepalive": self.keepalive_s}
+        if self.tls is None:
+            return MQTTClient(*args, **kw)
+        try:
+            return MQTTClient(*args, ssl=True, ssl_params=self.tls.params(), **kw)
+        except TypeError:  # umqtt.simple 1.4+: no ssl_params, ssl is a context
+            return MQTTClient(*args, ssl=self.tls, **kw)
 
     def send(self, payload):
         """Publish at QoS 1 and wait for the PUBACK: True when it came."""
