@@ -143,8 +143,9 @@ def test_node_exactly_once_across_dropped_connections(tmp_path: Path, mosquitto:
     node = NodeProc(tmp_path / "flash", node_config("node-d", "pw-d", proxy.port, rounds=400))
     try:
         node.start()
-        for _ in range(4):
-            time.sleep(0.6)
+        for _ in range(4):  # cut whenever more readings have arrived since the last cut
+            seen = len(_cloud_ids(checker, "node-d"))
+            assert wait_until(lambda s=seen: len(_cloud_ids(checker, "node-d")) > s + 40, 60)
             proxy.cut()
         assert node.wait(120) == 0, node.output()[-3000:]
         taken = node.taken()
