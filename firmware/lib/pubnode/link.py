@@ -13,7 +13,8 @@
 #   about 40 ms (measured: 45 readings/s instead of thousands over loopback).
 #   Fewer, fuller segments also keep the radio on for less time.
 # - TLS verified against one pinned certificate (gateway.ca in config.json):
-#   never CERT_NONE, which on mbedTLS ports checks nothing at all.
+#   never CERT_NONE, which on mbedTLS ports checks nothing at all; CONNECT in
+#   one write there too (see Client).
 import gc
 import time
 
@@ -24,7 +25,6 @@ from .rand import bits
 LINK_ERRORS = (OSError, MQTTException, AssertionError, IndexError)
 BACKOFF_MIN_MS = 500
 BACKOFF_MAX_MS = 30000
-CERT_REQUIRED = 2  # ssl.CERT_REQUIRED (the same on MicroPython and CPython)
 CERT_VERIFY_FAILED = -0x2700  # MBEDTLS_ERR_X509_CERT_VERIFY_FAILED, what MicroPython raises
 
 
@@ -36,27 +36,26 @@ def cert_refused(err):
 
 
 class PinnedTls:
-    """TLS that trusts one certificate (DER) and checks the server's name against it.
-
-    umqtt.simple 1.3.x takes ssl=True and ssl_params for ussl.wrap_socket;
-    1.4 and later take an SSLContext-like object and call its wrap_socket.
-    """
+    """TLS that trusts one certificate (DER) and checks the server's name against it."""
 
     def __init__(self, cadata, server_hostname):
         self.cadata = cadata
         self.server_hostname = server_hostname
 
-    def params(self):
-        return {
-            "cert_reqs": CERT_REQUIRED,
-            "cadata": self.cadata,
-            "server_hostname": self.server_hostname,
-        }
+    def wrap_socket(self, sock):
+        try:
+            import tls  # MicroPython 1.22 and later
+        except ImportError:
+            import ussl  # before 1.22 (not run by the tests)
 
-    def wrap_socket(self, sock, server_hostname=None):
-        import ussl
-
-        return ussl.wrap_socket(sock, **self.params())
+            return ussl.wrap_socket(
+                sock, cert_reqs=ussl.CERT_REQUIRED, cadata=self.cadata,
+                server_hostname=self.server_hostname,
+            )  # fmt: skip
+        ctx = tls.SSLContext(tls.PROTOCOL_TLS_CLIENT)
+        ctx.verify_mode = tls.CERT_REQUIRED
+        ctx.load_verify_locations(self.cadata)
+        return ctx.wrap_socket(sock, server_hostname=self.server_hostname)
 
 
 def _jitter(ms):
@@ -64,11 +63,20 @@ def _jitter(ms):
 
 
 class Coalesce:
-    """The socket umqtt sees: writes gather in a buffer that goes out whole before a read."""
+    """The socket umqtt sees: writes gather in a buffer that goes out whole before a read.
 
-    def __init__(self, sock):
+    With ``tls`` (a PinnedTls), connect() wraps the socket in TLS once TCP is up.
+    """
+
+    def __init__(self, sock, tls=None):
         self.sock = sock
+        self.tls = tls
         self.buf = bytearray()
+
+    def connect(self, addr):
+        self.sock.connect(addr)
+        if self.tls is not None:
+            self.sock = self.tls.wrap_socket(self.sock)
 
     def write(self, data, n=None):
         if isinstance(data, str):
@@ -96,6 +104,31 @@ class Coalesce:
     def close(self):
         self.buf = bytearray()
         self.sock.close()
+
+
+class Client(MQTTClient):
+    """umqtt's client with every socket it makes put behind Coalesce.
+
+    umqtt's connect() makes its socket and writes CONNECT in five pieces; with
+    Nagle's algorithm and the gateway's delayed ACK the pieces after the first
+    waited about 40 ms for a TLS connect (measured: bench/node_tls.py). Through
+    Coalesce CONNECT leaves in one write, and TLS is set up here rather than by
+    umqtt, whose TLS arguments differ between versions (1.3: ssl_params for
+    ussl.wrap_socket; 1.4 and later: an SSLContext).
+    """
+
+    tls = None
+    _sock = None
+
+    @property
+    def sock(self):
+        return self._sock
+
+    @sock.setter
+    def sock(self, s):
+        if s is not None and not isinstance(s, Coalesce):
+            s = Coalesce(s, self.tls)
+        self._sock = s
 
 
 class Link:
@@ -149,7 +182,6 @@ class Link:
         t0 = time.ticks_ms()
         try:
             c.connect()
-            c.sock = Coalesce(c.sock)
             c.sock.settimeout(self.timeout_s)
         except LINK_ERRORS as e:
             self.client = c
@@ -167,14 +199,16 @@ class Link:
         return True
 
     def _client(self):
-        args = (self.node_id, self.host, self.port)
-        kw = {"user": self.node_id, "password": self.password, "keepalive": self.keepalive_s}
-        if self.tls is None:
-            return MQTTClient(*args, **kw)
-        try:
-            return MQTTClient(*args, ssl=True, ssl_params=self.tls.params(), **kw)
-        except TypeError:  # umqtt.simple 1.4+: no ssl_params, ssl is a context
-            return MQTTClient(*args, ssl=self.tls, **kw)
+        c = Client(
+            self.node_id,
+            self.host,
+            self.port,
+            user=self.node_id,
+            password=self.password,
+            keepalive=self.keepalive_s,
+        )
+        c.tls = self.tls
+        return c
 
     def send(self, payload):
         """Publish at QoS 1 and wait for the PUBACK: True when it came."""
