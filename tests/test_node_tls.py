@@ -247,3 +247,12 @@ def test_a_missing_certificate_stops_the_gateway_with_one_line(
     assert f"gateways.{GID}.ingress.tls_cert {missing}" in errors[0]
     assert "No such file or directory" in errors[0]
     assert "Traceback" not in gw.log.read_text()
+
+
+def test_the_reconnect_bench_runs_and_prints_its_ratio() -> None:
+    bench = Path(__file__).resolve().parent.parent / "bench" / "node_tls.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--connects", "5"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^tls / plaintext \(median\): \d+\.\dx$", done.stdout, re.M), done.stdout
