@@ -13,6 +13,7 @@ import ssl
 import struct
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -256,3 +257,40 @@ def test_the_reconnect_bench_runs_and_prints_its_ratio() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert re.search(r"^tls / plaintext \(median\): \d+\.\dx$", done.stdout, re.M), done.stdout
+
+
+def test_a_gateway_that_accepts_and_says_nothing_costs_a_timeout_not_a_reset(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """TCP up, then silence (a stalled gateway, a captive portal): the TLS handshake is
+    bounded by gateway.timeout_s and the node tries again, long before its watchdog
+    (umqtt itself sets no timeout: the node would hang until the watchdog reset it)."""
+    gw = tls_gateway(tmp_path, mosquitto.port)
+    cfg, _ = provision(gw, "node-s", tmp_path / "node-s")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(silent.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    cfg = for_the_test(cfg, silent.getsockname()[1], rounds=3)
+    cfg["gateway"]["timeout_s"] = 1
+    cfg["wdt_ms"] = 15000
+    node = NodeProc(tmp_path / "flash", cfg)
+    try:
+        node.start()
+        assert wait_until(lambda: len(held) >= 3, 12), (len(held), node.output()[-2000:])
+        assert node.proc is not None and node.proc.poll() is None, node.output()[-2000:]
+    finally:
+        node.kill()
+        silent.close()
+        for s in held:
+            s.close()
+    assert "WDT" not in node.output()

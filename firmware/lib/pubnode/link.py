@@ -66,12 +66,17 @@ class Coalesce:
     """The socket umqtt sees: writes gather in a buffer that goes out whole before a read.
 
     With ``tls`` (a PinnedTls), connect() wraps the socket in TLS once TCP is up.
+    ``timeout`` bounds the TCP connect, the TLS handshake and the wait for CONNACK
+    (umqtt sets none: a gateway that accepts and then says nothing would hold the
+    node until the watchdog reset it).
     """
 
-    def __init__(self, sock, tls=None):
+    def __init__(self, sock, tls=None, timeout=None):
         self.sock = sock
         self.tls = tls
         self.buf = bytearray()
+        if timeout is not None:
+            sock.settimeout(timeout)
 
     def connect(self, addr):
         self.sock.connect(addr)
@@ -118,6 +123,7 @@ class Client(MQTTClient):
     """
 
     tls = None
+    timeout = None
     _sock = None
 
     @property
@@ -127,7 +133,7 @@ class Client(MQTTClient):
     @sock.setter
     def sock(self, s):
         if s is not None and not isinstance(s, Coalesce):
-            s = Coalesce(s, self.tls)
+            s = Coalesce(s, self.tls, self.timeout)
         self._sock = s
 
 
@@ -208,6 +214,7 @@ class Link:
             keepalive=self.keepalive_s,
         )
         c.tls = self.tls
+        c.timeout = self.timeout_s
         return c
 
     def send(self, payload):
