@@ -18,6 +18,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -310,8 +311,6 @@ def provision(args: argparse.Namespace) -> tuple[Path, bool, list[str]]:
 
 
 def _valid_id(node: str) -> bool:
-    import re
-
     return re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", node) is not None
 
 
