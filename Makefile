@@ -47,6 +47,7 @@ bench: setup
 	$(PY) bench/sensors.py
 	$(PY) bench/gateway.py
 	$(PY) bench/firmware.py
+	$(PY) bench/node_tls.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out .cache tests/firmware/node_modules

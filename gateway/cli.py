@@ -1,4 +1,5 @@
-"""Commands of the gateway part: ``pubcomp config``, ``pubcomp gateway run``, ``pubcomp status``."""
+"""Commands of the gateway part: ``pubcomp config``, ``pubcomp gateway run|make-cert``,
+``pubcomp node provision``, ``pubcomp status``."""
 
 from __future__ import annotations
 
@@ -27,6 +28,45 @@ def register(sub: Any) -> None:
     run.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     run.set_defaults(handler=_run("gateway_run"))
 
+    mc = gsub.add_parser(
+        "make-cert", help="the ingress's TLS key and certificate (self-signed, or by a site CA)"
+    )
+    mc.add_argument("--gateway", required=True, help="gateway id (the certificate's first name)")
+    mc.add_argument("--out-dir", required=True, help="where ingress.key and ingress.crt go")
+    mc.add_argument(
+        "--name",
+        action="append",
+        metavar="HOST_OR_IP",
+        help="another name or IP address nodes may use for the gateway (repeatable)",
+    )
+    mc.add_argument("--days", type=int, default=3650, help="validity in days (default 3650)")
+    mc.add_argument("--ca-cert", help="sign with this site CA certificate (PEM) ...")
+    mc.add_argument("--ca-key", help="... and its key (PEM, unencrypted)")
+    mc.add_argument("--force", action="store_true", help="replace an existing key and certificate")
+    mc.set_defaults(handler=_run_in("tls", "make_cert_command"))
+
+    node = sub.add_parser("node", help="microcontroller nodes of a gateway")
+    nsub = node.add_subparsers(dest="node_command", metavar="ACTION", required=True)
+    pv = nsub.add_parser(
+        "provision",
+        help="new password, its hash in the fleet file, the node's config.json (also rotates)",
+    )
+    _fleet_args(pv)
+    pv.add_argument("--node", required=True, metavar="NODE-ID", help="the node's id")
+    pv.add_argument("--wifi-ssid", help="the site's Wi-Fi network")
+    pv.add_argument("--wifi-password-file", help="a file holding the Wi-Fi password")
+    pv.add_argument("--out", metavar="DIR", help="where config.json goes (default nodes/NODE-ID)")
+    pv.add_argument(
+        "--address", help="the gateway's address for nodes (default ingress.node_address)"
+    )
+    pv.add_argument("--template", help="a config.json to start from (sensors, sampling)")
+    pv.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="no TLS: the node's password crosses Wi-Fi in clear",
+    )
+    pv.set_defaults(handler=_run_in("provision", "provision_command"))
+
     st = sub.add_parser("status", help="the running gateway's state, as a table")
     _fleet_args(st)
     st.add_argument("--json", action="store_true", help="print the raw status JSON")
@@ -36,6 +76,16 @@ def register(sub: Any) -> None:
 def _fleet_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, metavar="FLEET.yaml", help="the fleet file")
     p.add_argument("--gateway", help="gateway id (default: this host's name)")
+
+
+def _run_in(module: str, name: str) -> Any:
+    def handler(args: argparse.Namespace) -> int:
+        import importlib
+
+        mod = importlib.import_module(f"{__package__}.{module}")
+        return int(getattr(mod, name)(args))
+
+    return handler
 
 
 def _run(name: str) -> Any:

@@ -59,9 +59,14 @@ def gateway_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
     if cfg is None:
         return 1
+    from .ingress import IngressConfigError
     from .service import run
 
-    return run(cfg)
+    try:
+        return run(cfg)
+    except IngressConfigError as exc:
+        print(f"pubcomp gateway run: {args.config}: gateways.{cfg.id}.{exc}", file=sys.stderr)
+        return 1
 
 
 def status(args: argparse.Namespace) -> int:

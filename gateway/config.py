@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pubcomp.sensors.registry import TYPES as SENSOR_TYPES
 
@@ -86,14 +94,40 @@ class StoreSection(_Model):
 
 
 class IngressSection(_Model):
+    """Where nodes connect. Listeners (``Ingress.listeners``):
+
+    - ``tls_cert`` unset: one plaintext listener on ``port``;
+    - ``tls_cert`` set, ``tls_port`` unset: one TLS listener on ``port``;
+    - ``tls_cert`` and ``tls_port`` set: plaintext on ``port`` and TLS on
+      ``tls_port`` side by side, while nodes move over (docs/operations.md).
+    """
+
     enabled: bool = True
     host: str = "0.0.0.0"
     port: Annotated[int, Field(ge=0, le=65535)] = 1883
     tls_cert: str | None = None
     tls_key: str | None = None
+    tls_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    # The certificate nodes pin (`pubcomp node provision` ships it): a site CA that
+    # signed tls_cert; unset, tls_cert itself (self-signed, `pubcomp gateway make-cert`).
+    tls_ca: str | None = None
+    # The address nodes use to reach this gateway (`pubcomp node provision`).
+    node_address: str | None = None
     max_payload_bytes: Annotated[int, Field(ge=64)] = 64 * 1024
     max_readings_per_message: Annotated[int, Field(ge=1)] = 500
     max_messages_per_second: Annotated[float, Field(gt=0)] = 50.0
+
+    @model_validator(mode="after")
+    def _tls(self) -> IngressSection:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together (pubcomp gateway make-cert)")
+        if self.tls_port is not None and not self.tls_cert:
+            raise ValueError("tls_port needs tls_cert and tls_key")
+        if self.tls_ca and not self.tls_cert:
+            raise ValueError("tls_ca needs tls_cert and tls_key")
+        if self.tls_port is not None and self.tls_port == self.port and self.port != 0:
+            raise ValueError(f"tls_port {self.tls_port} is also the plaintext port")
+        return self
 
 
 class HealthSection(_Model):

@@ -106,6 +106,25 @@ class _Collector:
             for reason, n in sorted(d["rejected"].items()):
                 rej.add_metric([nid, reason], n)
         yield from (msgs, rej, conn, seen)
+        labels = ["listener", "port"]
+        acc = CounterMetricFamily(
+            "pubcomp_ingress_connections", "connections accepted per listener", labels=labels
+        )
+        opn = GaugeMetricFamily(
+            "pubcomp_ingress_open_connections", "open connections per listener", labels=labels
+        )
+        bad = CounterMetricFamily(
+            "pubcomp_ingress_tls_handshake_failures",
+            "failed TLS handshakes (plaintext clients, refused certificates)",
+            labels=labels,
+        )
+        for name, d in sorted(s.get("listeners", {}).items()):
+            lv = [name, str(d["port"])]
+            acc.add_metric(lv, d["accepted"])
+            opn.add_metric(lv, d["open"])
+            if d["tls"]:
+                bad.add_metric(lv, d["tls_failures"])
+        yield from (acc, opn, bad)
 
 
 class HealthServer:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import ssl
 import time
@@ -79,6 +80,39 @@ def _retrieved(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+class IngressConfigError(Exception):
+    """The ingress cannot start as configured (one line: the key, the file, why)."""
+
+
+@dataclass
+class Listener:
+    """One listening socket and its counters (``pubcomp_ingress_*{listener=...}``)."""
+
+    name: str  # "plain" or "tls"
+    port: int
+    tls: bool
+    accepted: int = 0  # connections accepted (before any TLS handshake)
+    open: int = 0
+    tls_failures: int = 0  # handshakes that failed: plaintext clients, refused certificates
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "port": self.port,
+            "tls": self.tls,
+            "accepted": self.accepted,
+            "open": self.open,
+            "tls_failures": self.tls_failures,
+        }
+
+
+def listener_specs(cfg: IngressSection) -> list[tuple[str, int, bool]]:
+    """(name, port, tls) for each listener the section asks for."""
+    if cfg.tls_port is not None:
+        return [("plain", cfg.port, False), ("tls", cfg.tls_port, True)]
+    tls = bool(cfg.tls_cert)
+    return [("tls" if tls else "plain", cfg.port, tls)]
+
+
 class RateLimiter:
     """Token bucket: ``rate`` messages a second with a burst of ``burst``."""
 
@@ -114,33 +148,72 @@ class Ingress:
         self._verifier = Verifier()
         self.stats: dict[str, NodeStats] = collections.defaultdict(NodeStats)
         self.rejected_connections: collections.Counter[str] = collections.Counter()
-        self._server: asyncio.Server | None = None
+        self.listeners = [Listener(*spec) for spec in listener_specs(config)]
+        self._servers: list[asyncio.Server] = []
+        self._tls: ssl.SSLContext | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: dict[str, asyncio.StreamWriter] = {}
 
     async def start(self) -> int:
-        ctx = None
+        """Bind every listener; the first one's port (``listeners`` has them all)."""
         if self.cfg.tls_cert:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ctx.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
-        self._server = await asyncio.start_server(
-            self._accept, self.cfg.host, self.cfg.port, ssl=ctx, limit=1 << 20
-        )
-        return self._server.sockets[0].getsockname()[1]
+            try:
+                ctx.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise IngressConfigError(
+                    f"ingress.tls_cert {self.cfg.tls_cert} / ingress.tls_key {self.cfg.tls_key}: "
+                    f"cannot load: {getattr(exc, 'strerror', None) or exc}"
+                ) from None
+            self._tls = ctx
+        for ls in self.listeners:
+            # TLS is set up per connection (start_tls), not by the server, so that a
+            # failed handshake (a plaintext client, a wrong certificate) is counted.
+            server = await asyncio.start_server(
+                functools.partial(self._accept, ls), self.cfg.host, ls.port, limit=1 << 20
+            )
+            self._servers.append(server)
+            ls.port = server.sockets[0].getsockname()[1]
+            log.info("ingress: %s listener on %s:%d", ls.name, self.cfg.host, ls.port)
+        return self.listeners[0].port
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for w in list(self._live.values()):
             w.close()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _accept(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        task = asyncio.ensure_future(self._connection(r, w))
+    def _accept(self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.ensure_future(self._on_listener(ls, r, w))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _on_listener(
+        self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter
+    ) -> None:
+        ls.accepted += 1
+        ls.open += 1
+        try:
+            if ls.tls:
+                assert self._tls is not None
+                try:
+                    await w.start_tls(self._tls, ssl_handshake_timeout=CONNECT_TIMEOUT)
+                except OSError as exc:  # ssl.SSLError, a reset, the handshake timeout
+                    ls.tls_failures += 1
+                    log.warning(
+                        "ingress: %s listener: TLS handshake with %s failed: %s",
+                        ls.name,
+                        w.get_extra_info("peername"),
+                        exc,
+                    )
+                    w.close()
+                    return
+            await self._connection(r, w)
+        finally:
+            ls.open -= 1
 
     # ------------------------------------------------------------ a node
 

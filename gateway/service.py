@@ -299,6 +299,9 @@ class Gateway:
             "sensors": {sid: s.as_dict() for sid, s in self.drivers.status.items()},
             "nodes": nodes,
             "ingress_port": self.ingress_port,
+            "listeners": {ls.name: ls.as_dict() for ls in self.ingress.listeners}
+            if self.ingress is not None
+            else {},
         }
 
 

@@ -34,6 +34,7 @@ CHECKS = [
     "outbox_modes",
     "leds",
     "config",
+    "tls_config",
     "adc",
 ]
 
@@ -84,6 +85,8 @@ def test_pure_logic_under_micropython_wasm() -> None:
     assert done.stdout.rstrip().endswith("DONE")
     ram = int(re.search(r"^MEASURE ram_bytes_500_readings (\d+)$", done.stdout, re.M)[1])  # type: ignore[index]
     assert 0 < ram < 64 * 1024, ram  # small enough for an ESP32 with Wi-Fi up
+    tls = int(re.search(r"^MEASURE ram_bytes_tls_settings (-?\d+)$", done.stdout, re.M)[1])  # type: ignore[index]
+    assert 462 <= tls < 4096, tls  # at least the DER certificate; well under a board's heap
 
 
 def _gateway(tmp_path: Path, mosquitto: Mosquitto, node: str, password: str) -> GatewayProc:
@@ -140,8 +143,9 @@ def test_node_exactly_once_across_dropped_connections(tmp_path: Path, mosquitto:
     node = NodeProc(tmp_path / "flash", node_config("node-d", "pw-d", proxy.port, rounds=400))
     try:
         node.start()
-        for _ in range(4):
-            time.sleep(0.6)
+        for _ in range(4):  # cut whenever more readings have arrived since the last cut
+            seen = len(_cloud_ids(checker, "node-d"))
+            assert wait_until(lambda s=seen: len(_cloud_ids(checker, "node-d")) > s + 40, 60)
             proxy.cut()
         assert node.wait(120) == 0, node.output()[-3000:]
         taken = node.taken()

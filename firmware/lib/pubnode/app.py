@@ -9,9 +9,9 @@ import time
 
 import machine
 
-from . import bootcount, sensors
+from . import bootcount, config, sensors
 from .leds import StatusLed
-from .link import Link
+from .link import Link, PinnedTls
 from . import message
 from .outbox import Outbox
 from .ring import Ring
@@ -39,9 +39,19 @@ class Node:
             log = SpillLog(sp["dir"], sp["segments"], sp["segment_bytes"])
         self.outbox = Outbox(Ring(cfg["buffer_readings"]), log, sp["mode"])
         gw, node = cfg["gateway"], cfg["node"]
+        tls = None
+        if gw["tls"]:
+            tls = PinnedTls(config.pem_to_der(gw["ca"]), gw["server_hostname"] or gw["host"])
         self.link = Link(
-            node["id"], node["password"], gw["host"], gw["port"], gw["keepalive_s"], gw["timeout_s"]
+            node["id"],
+            node["password"],
+            gw["host"],
+            gw["port"],
+            gw["keepalive_s"],
+            gw["timeout_s"],
+            tls,
         )
+        self.cert_said = False
         self.wifi = wifi or Wifi(cfg["wifi"]["ssid"], cfg["wifi"]["password"])
         self.sensors = []
         self.sensor_errors = 0
@@ -101,18 +111,30 @@ class Node:
     def show_state(self):
         if not self.wifi.up():
             self.led.show("no_wifi")
+        elif self.link.cert_refused:
+            self.led.show("bad_cert")
+            if not self.cert_said:  # once per run of refusals, then in the status line
+                print(
+                    "gateway certificate refused: %s; sending nothing to %s:%d until it matches "
+                    "gateway.ca (LED: three blinks)"
+                    % (self.link.last_error, self.link.host, self.link.port)
+                )
+                self.cert_said = True
         elif not self.link.up:
             self.led.show("no_gateway")
         elif self.outbox.full():
             self.led.show("buffer_full")
         else:
             self.led.show("ok")
+        if self.link.up:
+            self.cert_said = False
 
     def status(self):
         o = self.outbox
         return (
             "boot %d seq %d sent %d pending %d lost %d spill_bytes %d connects %d "
-            "link_failures %d sensor_errors %d mem_free %d"
+            "link_failures %d sensor_errors %d mem_free %d connect_ms %d connect_heap %d "
+            "tls %d cert_refused %d led %s"
             % (
                 self.boot,
                 self.seq,
@@ -124,6 +146,11 @@ class Node:
                 self.link.failures,
                 self.sensor_errors,
                 gc.mem_free(),
+                self.link.connect_ms,
+                self.link.connect_heap,
+                self.link.tls is not None,
+                self.link.cert_refused,
+                self.led.state,
             )
         )
 

@@ -1,9 +1,24 @@
 # config.json on the board: defaults filled in, mistakes named.
 import json
 
+try:
+    from binascii import a2b_base64
+except ImportError:
+    from ubinascii import a2b_base64
+
 DEFAULTS = {
     "wifi": {"ssid": "", "password": "", "timeout_s": 20},
-    "gateway": {"host": "", "port": 1883, "keepalive_s": 60, "timeout_s": 10},
+    # tls: connect with TLS and trust only the certificate in ca (PEM: the gateway's own,
+    # or the site CA that signed it), checked against server_hostname (default: host).
+    "gateway": {
+        "host": "",
+        "port": 1883,
+        "keepalive_s": 60,
+        "timeout_s": 10,
+        "tls": False,
+        "ca": "",
+        "server_hostname": "",
+    },
     "node": {"id": "", "password": ""},
     "interval_s": 10,
     "buffer_readings": 500,
@@ -22,6 +37,23 @@ SENSOR_KINDS = ("ds18b20", "dht22", "adc")
 
 class ConfigError(ValueError):
     pass
+
+
+def pem_to_der(pem):
+    """The first certificate of a PEM text, as DER bytes (what ssl's cadata takes)."""
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    i = pem.find(begin)
+    j = pem.find(end, i + 1)
+    if i < 0 or j < 0:
+        raise ConfigError("config.json: gateway.ca must be a PEM certificate (BEGIN CERTIFICATE)")
+    body = "".join(pem[i + len(begin) : j].split())
+    try:
+        der = a2b_base64(body.encode())
+    except ValueError:
+        raise ConfigError("config.json: gateway.ca: the certificate is not valid base64")
+    if len(der) < 64 or der[0] != 0x30:
+        raise ConfigError("config.json: gateway.ca: not a DER certificate inside the PEM")
+    return der
 
 
 def merged(data):
@@ -44,6 +76,15 @@ def merged(data):
     for section, key in REQUIRED:
         if not out[section][key]:
             raise ConfigError("config.json: %s.%s is required" % (section, key))
+    gw = out["gateway"]
+    if gw["tls"]:
+        if not gw["ca"]:
+            raise ConfigError(
+                "config.json: gateway.tls needs gateway.ca (the certificate the node trusts)"
+            )
+        pem_to_der(gw["ca"])
+    elif gw["ca"]:
+        raise ConfigError("config.json: gateway.ca is set but gateway.tls is false")
     if out["spill"]["mode"] not in SPILL_MODES:
         raise ConfigError("config.json: spill.mode must be one of %s" % (SPILL_MODES,))
     if out["deep_sleep"] and out["spill"]["mode"] == "off":

@@ -3,6 +3,7 @@
 # Each pattern is a 2-second cycle of (on_ms, off_ms) pairs:
 #   no Wi-Fi      one blink
 #   no gateway    two blinks
+#   bad cert      three blinks: the gateway's TLS certificate is not the one pinned
 #   buffer full   fast blinking (5 per second): readings are being dropped or spilled
 #   sending       on while a publish is in flight
 #   all well      a short flash every cycle (alive)
@@ -12,6 +13,7 @@ CYCLE_MS = 2000
 PATTERNS = {
     "no_wifi": ((150, 1850),),
     "no_gateway": ((150, 200), (150, 1500)),
+    "bad_cert": ((150, 200), (150, 200), (150, 1150)),
     "buffer_full": ((100, 100),) * 10,
     "sending": ((2000, 0),),
     "ok": ((30, 1970),),

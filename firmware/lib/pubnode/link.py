@@ -12,6 +12,10 @@
 #   Nagle's algorithm against the peer's delayed ACK each message then waits
 #   about 40 ms (measured: 45 readings/s instead of thousands over loopback).
 #   Fewer, fuller segments also keep the radio on for less time.
+# - TLS verified against one pinned certificate (gateway.ca in config.json):
+#   never CERT_NONE, which on mbedTLS ports checks nothing at all; CONNECT in
+#   one write there too (see Client).
+import gc
 import time
 
 from umqtt.simple import MQTTClient, MQTTException
@@ -21,6 +25,37 @@ from .rand import bits
 LINK_ERRORS = (OSError, MQTTException, AssertionError, IndexError)
 BACKOFF_MIN_MS = 500
 BACKOFF_MAX_MS = 30000
+CERT_VERIFY_FAILED = -0x2700  # MBEDTLS_ERR_X509_CERT_VERIFY_FAILED, what MicroPython raises
+
+
+def cert_refused(err):
+    """True when a connect failed because the gateway's certificate was not trusted."""
+    if not isinstance(err, OSError):
+        return False
+    return (err.args and err.args[0] == CERT_VERIFY_FAILED) or "CERT_VERIFY" in str(err)
+
+
+class PinnedTls:
+    """TLS that trusts one certificate (DER) and checks the server's name against it."""
+
+    def __init__(self, cadata, server_hostname):
+        self.cadata = cadata
+        self.server_hostname = server_hostname
+
+    def wrap_socket(self, sock):
+        try:
+            import tls  # MicroPython 1.22 and later
+        except ImportError:
+            import ussl  # before 1.22 (not run by the tests)
+
+            return ussl.wrap_socket(
+                sock, cert_reqs=ussl.CERT_REQUIRED, cadata=self.cadata,
+                server_hostname=self.server_hostname,
+            )  # fmt: skip
+        ctx = tls.SSLContext(tls.PROTOCOL_TLS_CLIENT)
+        ctx.verify_mode = tls.CERT_REQUIRED
+        ctx.load_verify_locations(self.cadata)
+        return ctx.wrap_socket(sock, server_hostname=self.server_hostname)
 
 
 def _jitter(ms):
@@ -28,11 +63,25 @@ def _jitter(ms):
 
 
 class Coalesce:
-    """The socket umqtt sees: writes gather in a buffer that goes out whole before a read."""
+    """The socket umqtt sees: writes gather in a buffer that goes out whole before a read.
 
-    def __init__(self, sock):
+    With ``tls`` (a PinnedTls), connect() wraps the socket in TLS once TCP is up.
+    ``timeout`` bounds the TCP connect, the TLS handshake and the wait for CONNACK
+    (umqtt sets none: a gateway that accepts and then says nothing would hold the
+    node until the watchdog reset it).
+    """
+
+    def __init__(self, sock, tls=None, timeout=None):
         self.sock = sock
+        self.tls = tls
         self.buf = bytearray()
+        if timeout is not None:
+            sock.settimeout(timeout)
+
+    def connect(self, addr):
+        self.sock.connect(addr)
+        if self.tls is not None:
+            self.sock = self.tls.wrap_socket(self.sock)
 
     def write(self, data, n=None):
         if isinstance(data, str):
@@ -62,9 +111,36 @@ class Coalesce:
         self.sock.close()
 
 
+class Client(MQTTClient):
+    """umqtt's client with every socket it makes put behind Coalesce.
+
+    umqtt's connect() makes its socket and writes CONNECT in five pieces; with
+    Nagle's algorithm and the gateway's delayed ACK the pieces after the first
+    waited about 40 ms for a TLS connect (measured: bench/node_tls.py). Through
+    Coalesce CONNECT leaves in one write, and TLS is set up here rather than by
+    umqtt, whose TLS arguments differ between versions (1.3: ssl_params for
+    ussl.wrap_socket; 1.4 and later: an SSLContext).
+    """
+
+    tls = None
+    timeout = None
+    _sock = None
+
+    @property
+    def sock(self):
+        return self._sock
+
+    @sock.setter
+    def sock(self, s):
+        if s is not None and not isinstance(s, Coalesce):
+            s = Coalesce(s, self.tls, self.timeout)
+        self._sock = s
+
+
 class Link:
-    def __init__(self, node_id, password, host, port, keepalive_s=60, timeout_s=10):
+    def __init__(self, node_id, password, host, port, keepalive_s=60, timeout_s=10, tls=None):
         self.node_id = node_id
+        self.tls = tls  # a PinnedTls, or None for plaintext
         self.password = password
         self.host, self.port = host, port
         self.keepalive_s = keepalive_s
@@ -78,6 +154,9 @@ class Link:
         self.connects = 0
         self.failures = 0
         self.last_error = None
+        self.cert_refused = False  # the last connect failed on the gateway's certificate
+        self.connect_ms = -1  # the last successful connect: TCP, TLS handshake, CONNACK
+        self.connect_heap = -1  # heap taken by the connection (gc.mem_free drop), -1 unknown
 
     @property
     def up(self):
@@ -104,7 +183,29 @@ class Link:
             return True
         if time.ticks_diff(time.ticks_ms(), self.next_try) < 0:
             return False
-        c = MQTTClient(
+        c = self._client()
+        free0 = gc.mem_free()
+        t0 = time.ticks_ms()
+        try:
+            c.connect()
+            c.sock.settimeout(self.timeout_s)
+        except LINK_ERRORS as e:
+            self.client = c
+            self._fail(e)
+            self.cert_refused = cert_refused(e)
+            return False
+        self.connect_ms = time.ticks_diff(time.ticks_ms(), t0)
+        free1 = gc.mem_free()
+        self.connect_heap = free0 - free1 if free0 >= 0 and free1 >= 0 else -1
+        self.cert_refused = False
+        self.client = c
+        self.connects += 1
+        self.backoff_ms = BACKOFF_MIN_MS
+        self.last_tx = time.ticks_ms()
+        return True
+
+    def _client(self):
+        c = Client(
             self.node_id,
             self.host,
             self.port,
@@ -112,19 +213,9 @@ class Link:
             password=self.password,
             keepalive=self.keepalive_s,
         )
-        try:
-            c.connect()
-            c.sock = Coalesce(c.sock)
-            c.sock.settimeout(self.timeout_s)
-        except LINK_ERRORS as e:
-            self.client = c
-            self._fail(e)
-            return False
-        self.client = c
-        self.connects += 1
-        self.backoff_ms = BACKOFF_MIN_MS
-        self.last_tx = time.ticks_ms()
-        return True
+        c.tls = self.tls
+        c.timeout = self.timeout_s
+        return c
 
     def send(self, payload):
         """Publish at QoS 1 and wait for the PUBACK: True when it came."""
