@@ -46,6 +46,7 @@ bench: setup
 	$(PY) bench/uplink_drain.py
 	$(PY) bench/sensors.py
 	$(PY) bench/gateway.py
+	$(PY) bench/wear.py
 	$(PY) bench/firmware.py
 	$(PY) bench/node_tls.py
 

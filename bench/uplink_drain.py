@@ -66,7 +66,7 @@ def fill(path: Path, n: int) -> Store:
                 for i in range(start, min(n, start + chunk))
             ]
         )
-    store._checkpoint()  # start the measurement with an empty WAL
+    store.checkpoint()  # start the measurement with an empty WAL
     return store
 
 

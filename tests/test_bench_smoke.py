@@ -125,3 +125,30 @@ def test_chaos_compare_runs_and_prints_its_table() -> None:
     assert (acked, lost, after) == ("600", "0", "0 dup, 0 lost")
     assert "mosquitto bridge, autosave on changes" in rows
     assert "ratio:" in res.stdout
+
+
+def test_wear_bench_runs_and_prints_each_system_row() -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "wear.py"),
+            "--shapes",
+            "busy",
+            "--disks",
+            "plain",
+            "--systems",
+            "pubcomp,bridge",
+            "--seconds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    rows = {ln.split()[0]: ln.split()[1:] for ln in res.stdout.splitlines() if ln.startswith("  ")}
+    assert rows.keys() >= {"system", "pubcomp", "bridge"}
+    per_s, _p50, _p99, fsyncs, bytes_per, _gb = rows["pubcomp"]
+    # Real figures: readings were acknowledged, each cost fsyncs and bytes on the disk.
+    assert float(per_s.replace(",", "")) > 0
+    assert float(fsyncs) > 0 and float(bytes_per.replace(",", "")) > 0
