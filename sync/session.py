@@ -20,7 +20,9 @@ Sender transitions (MQTT-4.3.3-1, 5.0 4.3.3-1..6)::
     PUBLISH_SENT --PUBREC <0x80 / commit, PUBREL-----> PUBREL_SENT
     PUBLISH_SENT --PUBREC >=0x80 / commit----------> (free)   no PUBREL (5.0 4.3.3-4)
     PUBLISH_SENT --PUBACK (QoS 1) / commit---------> (free)
-    PUBREL_SENT  --PUBREC again / PUBREL again-----> PUBREL_SENT
+    PUBREL_SENT  --PUBREC <0x80 again / PUBREL again-> PUBREL_SENT
+    (free) or PUBREL_SENT --PUBREC >=0x80--------> unchanged, nothing sent (5.0 4.3.3-4)
+    (free)       --PUBREC <0x80 / PUBREL 0x92 (5.0)-> (free)
     PUBREL_SENT  --PUBCOMP / commit delete---------> (free)
     reconnect, session present: PUBLISH_SENT -> PUBLISH DUP=1 same id,
                                 PUBREL_SENT  -> PUBREL same id, original order
@@ -259,6 +261,10 @@ class SenderSession:
     def on_pubrec(self, pkt: Pubrec) -> Released | Refused | Reply | Ignored:
         pid = pkt.packet_id
         o = self.inflight.get(pid)
+        if pkt.reason_code >= 0x80 and (o is None or o.state is OutState.PUBREL_SENT):
+            # MQTT-4.3.3-4 (5.0): a PUBREL answers only a PUBREC below 0x80. The broker
+            # ended a flow we hold nothing for (or already released): nothing to send.
+            return Ignored(f"PUBREC 0x{pkt.reason_code:02x} for packet id {pid} not awaiting one")
         if o is None or o.qos != 2:
             if self.version == MQTT_5:
                 # Let the broker finish its side; we hold nothing for this id.

@@ -64,6 +64,24 @@ def test_PUBREC_with_error_ends_the_flow_without_PUBREL_5_0_4_3_3_4_and_4_4_0_2(
     assert r.resend == []
 
 
+def test_PUBREC_with_error_for_an_id_not_awaiting_one_draws_no_PUBREL_MQTT_4_3_3_4() -> None:
+    """MQTT-4.3.3-4 (5.0): the sender MUST send a PUBREL "in response to a PUBREC
+    containing a Reason Code of less than 0x80" only. An unknown id (or one already
+    released) with a failure code gets nothing, and the state is left alone."""
+    s = connected()
+    pid = s.allocate(2).packet_id
+    s.on_pubrec(Pubrec(pid))  # PUBREL_SENT
+    for code in (0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99):
+        unknown = s.on_pubrec(Pubrec(4242, code))
+        assert isinstance(unknown, Ignored), (hex(code), unknown)
+        released = s.on_pubrec(Pubrec(pid, code))
+        assert isinstance(released, Ignored), (hex(code), released)
+        assert isinstance(connected(MQTT_311).on_pubrec(Pubrec(4242, code)), Ignored)
+    assert s.inflight[pid].state is OutState.PUBREL_SENT and list(s.inflight) == [pid]
+    # Below 0x80 the unknown id is still answered (5.0: PUBREL 0x92, MQTT-3.6.2-1).
+    assert s.on_pubrec(Pubrec(4242, 0x10)) == Reply(Pubrel(4242, 0x92))
+
+
 def test_qos1_flow_and_PUBACK_error_MQTT_4_3_2_1() -> None:
     s = connected()
     a, b = s.allocate(1).packet_id, s.allocate(1).packet_id
