@@ -19,6 +19,7 @@ from pubcomp.sync.session import (
     Reply,
     SenderSession,
     SessionError,
+    message_digest,
 )
 
 
@@ -196,3 +197,28 @@ def test_receiver_session_lost_forgets_pending_ids() -> None:
     r = ReceiverSession(MQTT_311, pending={1, 2})
     r.on_connack(False)
     assert not r.pending
+
+
+def test_receiver_recognises_a_resend_of_a_message_landed_before_a_restart_MQTT_4_3_3_2() -> None:
+    """MQTT-4.3.3-2 (5.0 4.3.3-10): until PUBREL, a repeat is acknowledged and never
+    delivered twice, also across a restart that kept only the landed message and its
+    digest (no PUBREL record). A new message under a released id is delivered (5.0
+    4.3.3-12): its digest differs."""
+    old = Publish("t/gw1/readings", b'{"readings":1}', 2, packet_id=7)
+    r = ReceiverSession(
+        MQTT_5, landed={7: {"other", message_digest(old)}, 8: {message_digest(old)}}
+    )
+    again = Publish(old.topic, old.payload, 2, dup=True, packet_id=7)
+    assert r.on_publish(again) == Reack(Pubrec(7))
+    assert r.on_publish(again) == Reack(Pubrec(7))  # still pending until PUBREL
+    assert r.on_pubrel(Pubrel(7)) == Forget(7, Pubcomp(7))
+    new = Publish(old.topic, b'{"readings":2}', 2, packet_id=8)  # id 8 was released
+    assert isinstance(r.on_publish(new), Deliver)
+    assert r.on_publish(new) == Reack(Pubrec(8))
+    other_topic = Publish("t/gw2/readings", old.payload, 2, packet_id=9)
+    r.landed[9] = {message_digest(old)}
+    assert isinstance(r.on_publish(other_topic), Deliver)
+    assert ReceiverSession(MQTT_5, landed={3: {"x"}}).on_pubrel(Pubrel(3)) == Forget(3, Pubcomp(3))
+    lost = ReceiverSession(MQTT_5, landed={7: {message_digest(old)}})
+    lost.on_connack(False)  # MQTT-3.1.2-6: a new session, the old ids mean nothing
+    assert isinstance(lost.on_publish(again), Deliver)
