@@ -10,10 +10,14 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pubcomp.devbroker import Mosquitto
+from pubcomp.pipeline import ingest
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.landing import LandingWriter
+from pubcomp.sync import wire
 
 from . import duckdb_reference as ref
 from .ingest_helpers import IngestProc, landed, rejected
@@ -239,3 +243,54 @@ def test_sigkill_between_write_and_pubrec_then_the_pipeline_has_each_once(
     assert {r["id"] for r in rows} == ids and {r["count"] for r in rows} == {1}
     res_cmp = ref.compare(ref.build(landing), wh)
     assert all(a == b == 0 for _, a, b in res_cmp.values()), res_cmp
+
+
+_junk = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["", "a", "a/b/c", "a//c", "a/b/c\n", "x/y/z/w", "2026-11-21T00:00:01.000Z",
+                     "2026-11-21T00:00:01Z", "2026-11-21T00:00:01.000Z\n", "C"]),
+    st.lists(st.sampled_from(["a", "a", 1]), max_size=3), st.just({}),
+)  # fmt: skip
+
+
+@st.composite
+def _near_valid(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid cloud message with a few fields replaced, removed or added."""
+    readings = [
+        {"id": f"gw/e/{i}", "origin": "gw", "sensor": "t", "ts": "2026-11-21T00:00:01.000Z",
+         "value": 1.5, "unit": "C", "flags": ["clock_unsynced"]}
+        for i in range(draw(st.integers(1, 3)))
+    ]  # fmt: skip
+    msg: dict[str, Any] = {"v": 1, "gateway": "gw", "readings": readings}
+    for _ in range(draw(st.integers(0, 2))):
+        target = draw(st.sampled_from([msg, *readings]))
+        key = draw(st.sampled_from([*target, "extra"]))
+        if draw(st.integers(0, 4)) == 0:
+            target.pop(key, None)
+        else:
+            target[key] = draw(_junk)
+    return msg
+
+
+@settings(max_examples=600, deadline=None)
+@given(_near_valid())
+def test_the_fast_schema_check_is_never_more_lenient_than_the_schema(msg: dict[str, Any]) -> None:
+    """The ingest checks the cloud schema in plain Python first and asks jsonschema only
+    about what that check does not accept: it must never accept what the schema refuses."""
+    schema_ok = not list(wire.validator(wire.CLOUD_SCHEMA).iter_errors(msg))
+    if ingest._plainly_valid(msg):
+        assert schema_ok, msg
+
+
+def test_one_encoder_call_gives_the_same_lines_as_one_call_a_reading() -> None:
+    received = "2026-11-21T00:00:01.000Z"
+    tricky = ['"received":"2026-11-21T00:00:01.000Z"},{', "é", "\\", '"', "\n"]
+    readings = [
+        {"id": f"gw/e/{i}", "origin": "gw", "sensor": s, "ts": None, "value": i / 3,
+         "unit": s, "flags": [s], "gateway": "gw", "received": received}
+        for i, s in enumerate(tricky)
+    ]  # fmt: skip
+    readings[-1]["_mqtt"] = {"session": "s", "packet_id": 1, "qos": 2, "digest": "d"}
+    lines = ingest._json_lines(readings, received).decode().splitlines()
+    assert [json.loads(line) for line in lines] == readings
+    assert lines == [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in readings]
