@@ -180,24 +180,19 @@ class Ingest:
         return f"{self.url}#{self._client_id(index)}"
 
     def _recover(self, keys: set[str]) -> dict[str, dict[int, set[str]]]:
-        """The QoS 2 ids (and digests) of each session's last ``RECOVER_MESSAGES`` messages.
+        """The QoS 2 ids (and digests) in the last ``RECOVER_MESSAGES`` records a session.
 
         An id may appear with several digests (reused after a release): a resend that
         matches any of them is a message already landed."""
         found: dict[str, dict[int, set[str]]] = {k: {} for k in keys}
-        seen = collections.Counter[str]()
+        limit = RECOVER_MESSAGES * len(keys)  # records of any session: the read is bounded
         for source in (self.readings, self.rejects):
-            seen.clear()
-            for rec in source.receive_records():
+            for n, rec in enumerate(source.receive_records()):
+                if n >= limit:
+                    break
                 key, pid, digest = rec.get("session"), rec.get("packet_id"), rec.get("digest")
-                if key not in found or rec.get("qos") != 2 or not isinstance(pid, int):
-                    continue
-                if seen[key] >= RECOVER_MESSAGES:
-                    if all(seen[k] >= RECOVER_MESSAGES for k in keys):
-                        break
-                    continue
-                seen[key] += 1
-                found[key].setdefault(pid, set()).add(str(digest))
+                if key in found and rec.get("qos") == 2 and isinstance(pid, int):
+                    found[key].setdefault(pid, set()).add(str(digest))
         self.stats.recovered_ids = sum(len(v) for v in found.values())
         return found
 
