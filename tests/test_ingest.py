@@ -294,3 +294,30 @@ def test_one_encoder_call_gives_the_same_lines_as_one_call_a_reading() -> None:
     lines = ingest._json_lines(readings, received).decode().splitlines()
     assert [json.loads(line) for line in lines] == readings
     assert lines == [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in readings]
+
+
+def test_ids_a_previous_version_committed_are_held_until_pubrel(tmp_path: Path) -> None:
+    """A landing zone from before the receive records: the ids in its
+    ``_state/ingest-{client}.db`` (committed after their messages landed) are held as
+    pending, so their redelivery is acknowledged, not landed again; the file is only read."""
+    import sqlite3
+
+    from pubcomp.sync.client import ConnectOptions
+    from pubcomp.sync.packets import Publish, Pubrec
+
+    state = tmp_path / "_state"
+    state.mkdir()
+    with sqlite3.connect(state / "ingest-ingest-1.db") as db:
+        db.execute("CREATE TABLE in_qos2 (session TEXT, packet_id INTEGER)")
+        db.executemany(
+            "INSERT INTO in_qos2 VALUES (?, ?)",
+            [("mqtt://127.0.0.1:1883#ingest-1", 17), ("mqtt://elsewhere:1883#ingest-1", 18)],
+        )
+    before = (state / "ingest-ingest-1.db").read_bytes()
+    ing = ingest.Ingest(
+        "mqtt://127.0.0.1:1883", ConnectOptions("ingest-1"), "telemetry/+/readings", tmp_path
+    )
+    _, session = ing._session(0, 5)
+    assert session.pending == {17}
+    assert session.on_publish(Publish("t", b"x", 2, dup=True, packet_id=17)).ack == Pubrec(17)
+    assert (state / "ingest-ingest-1.db").read_bytes() == before
