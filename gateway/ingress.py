@@ -462,7 +462,8 @@ class Ingress:
         if pkt.topic != f"nodes/{node}/readings":
             return (Reason.NOT_AUTHORIZED, "foreign_topic"), [], None
         if len(pkt.payload) > self.cfg.max_payload_bytes:
-            return (Reason.PACKET_TOO_LARGE, "oversize"), [], None
+            # 0x95 (packet too large) is not a PUBACK/PUBREC code (5.0 tables 3-4, 3-5)
+            return (Reason.QUOTA_EXCEEDED, "oversize"), [], None
         msg = wire.parse_node_message(pkt.payload)
         if isinstance(msg, str):
             return (Reason.PAYLOAD_FORMAT_INVALID, msg), [], None

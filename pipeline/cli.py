@@ -15,6 +15,12 @@ def register(sub: Any) -> None:
     run.add_argument("--topic", default="telemetry/+/readings")
     run.add_argument("--landing", required=True, help="landing directory")
     run.add_argument("--shared-group", help="share the subscription ($share/G/..., MQTT 5)")
+    run.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="connections in this process (needs --shared-group); one fsync covers them all",
+    )
     run.add_argument("--protocol", choices=("5", "3.1.1"), default="5")
     run.add_argument("--keepalive", type=int, default=30)
     run.add_argument("--username")

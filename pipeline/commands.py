@@ -22,6 +22,7 @@ def ingest_run(args: argparse.Namespace) -> int:
         args.topic,
         Path(args.landing),
         shared_group=args.shared_group,
+        connections=args.connections,
         max_file_bytes=int(args.roll_mb * (1 << 20)),
         max_file_age_s=args.roll_s,
     )

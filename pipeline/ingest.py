@@ -1,19 +1,28 @@
 """``pubcomp ingest run``: the cloud broker's readings into the landing zone, durably.
 
-A QoS 2 receiver on the sync/ client with a persistent session. For every
-group of packets that arrives together:
+A QoS 2 receiver on the sync/ client with a persistent session, over one or
+more connections (``connections``; more than one needs a shared group). The
+landing file is the only durable record of a received message: the last line
+of every message carries its receive record (session, packet id, QoS, digest
+of topic and payload; see ``landing.py``). The order of commits:
 
-1. new messages' readings are appended to the landing file and fsynced
-   (rejected messages to ``_rejected`` with the reason);
-2. the QoS 2 packet ids taken (and those released by PUBREL) are committed in
-   one SQLite transaction (``_state/ingest-{client}.db``, the sync/ store's
-   ``in_qos2`` table);
-3. only then are the PUBRECs / PUBACKs / PUBCOMPs written.
+1. each connection's reader decodes what arrives; a new message's lines go to
+   the group being gathered (rejected messages to ``_rejected``, with the
+   reason and the same record), and its PUBREC / PUBACK joins that
+   connection's queue of held acknowledgements, tagged with the group;
+2. the committer writes the group, every connection's messages together, and
+   fsyncs it once: the message and its receive state in one fsync;
+3. then it writes each connection's held acknowledgements up to those the
+   group covers, in the order their packets arrived (MQTT-4.6.0-2/-3), while
+   the readers already gather the next group.
 
-A repeated PUBLISH with a known id is acknowledged and not written again
-(MQTT-4.3.3-2). A crash between 1 and 2 means the broker sends the message
-again and it lands twice: the pipeline deduplicates by reading id. Never the
-other way round: nothing is acknowledged before it is on disk.
+A repeated PUBLISH with an id still held is acknowledged and not written
+again (MQTT-4.3.3-2, 5.0 4.3.3-10). PUBREL needs nothing durable: at the next
+start the state is rebuilt from the last receive records, and an id found
+there is matched by its digest: the broker's resend of a message already
+landed is acknowledged without writing it again (a kill between the fsync and
+the PUBREC lands nothing twice), while a new message that reuses a released
+id differs and is delivered. Nothing is acknowledged before it is on disk.
 """
 
 from __future__ import annotations
@@ -22,11 +31,15 @@ import asyncio
 import base64
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
+import re
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +47,7 @@ from pubcomp.sync import wire
 from pubcomp.sync.client import (
     Backoff,
     BrokerURL,
+    Connection,
     ConnectionClosed,
     ConnectOptions,
     ConnectRefused,
@@ -44,6 +58,7 @@ from pubcomp.sync.faults import crash_point
 from pubcomp.sync.packets import (
     MQTT_5,
     Disconnect,
+    Packet,
     Pingresp,
     Publish,
     Pubrel,
@@ -51,14 +66,18 @@ from pubcomp.sync.packets import (
     Subscribe,
     Subscription,
 )
-from pubcomp.sync.session import Forget, Reack, ReceiverSession
-from pubcomp.sync.store import Store
+from pubcomp.sync.session import Forget, Reack, ReceiverSession, message_digest
 
-from .landing import LandingWriter
+from .landing import RECEIVE_KEY, LandingWriter
 
 log = logging.getLogger(__name__)
 
 SUBSCRIBE_ID = 1
+# Receive records read back per session at a start. The messages whose release is
+# unknown are among the last ones landed, at most the broker's in-flight window
+# (our Receive Maximum in 5.0; Mosquitto's max_inflight_messages in 3.1.1): a
+# resend found there is recognised. Reading more costs only start-up time.
+RECOVER_MESSAGES = 4096
 
 
 @dataclass
@@ -68,6 +87,9 @@ class IngestStats:
     repeats: int = 0  # QoS 2 PUBLISH repeated with a known id: acknowledged, not written
     rejected: collections.Counter[str] = field(default_factory=collections.Counter)
     connections: int = 0
+    commits: int = 0  # fsynced groups
+    shared_commits: int = 0  # groups that held messages from more than one connection
+    recovered_ids: int = 0  # QoS 2 ids rebuilt from the landing files at the start
     last_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -77,8 +99,29 @@ class IngestStats:
             "repeats": self.repeats,
             "rejected": dict(self.rejected),
             "connections": self.connections,
+            "commits": self.commits,
+            "shared_commits": self.shared_commits,
+            "recovered_ids": self.recovered_ids,
             "last_error": self.last_error,
         }
+
+
+@dataclass
+class _Group:
+    """What the next fsync covers, from every connection."""
+
+    lines: list[bytes] = field(default_factory=list)
+    rejected: list[bytes] = field(default_factory=list)
+    packet_ids: list[int | None] = field(default_factory=list)  # its messages, for the crash marker
+    sessions: set[str] = field(default_factory=set)
+
+
+class _Link:
+    """One connection's acknowledgements, held until the group they depend on is durable."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.held: collections.deque[tuple[int, Packet]] = collections.deque()
 
 
 class Ingest:
@@ -90,6 +133,7 @@ class Ingest:
         landing: Path,
         *,
         shared_group: str | None = None,
+        connections: int = 1,
         max_file_bytes: int = 64 << 20,
         max_file_age_s: float = 60.0,
     ) -> None:
@@ -98,105 +142,215 @@ class Ingest:
         self.topic = f"$share/{shared_group}/{topic}" if shared_group else topic
         if shared_group and options.version != MQTT_5:
             raise ValueError("shared subscriptions need MQTT 5 (--protocol 5)")
+        if connections > 1 and not shared_group:
+            raise ValueError("more than one connection needs a shared group (--shared-group)")
+        self.connections = connections
         self.landing = Path(landing)
         writer = options.client_id
         self.readings = LandingWriter(
-            self.landing, writer, max_bytes=max_file_bytes, max_age_s=max_file_age_s
+            self.landing,
+            writer,
+            max_bytes=max_file_bytes,
+            max_age_s=max_file_age_s,
+            message_records=True,
         )
         self.rejects = LandingWriter(
             self.landing, writer, sub="_rejected", max_bytes=max_file_bytes, max_age_s=60.0
         )
-        state = self.landing / "_state"
-        self.store = Store(state / f"ingest-{writer}.db", gateway_id=writer, reserve_bytes=0)
-        self.session_key = f"{self.url}#{writer}"
         self.validator = wire.validator(wire.CLOUD_SCHEMA)
         self.stats = IngestStats()
+        self._sessions: dict[str, ReceiverSession] = {}
+        keys = {self._key(i) for i in range(connections)}
+        self._recovered = self._recover(keys)
+        self._legacy = self._legacy_pending(keys)
+        self._group = _Group()
+        self._ticket = 1  # the group being gathered
+        self._durable = 0  # the last group written and fsynced
+        self._links: set[_Link] = set()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._committed = asyncio.Event()
+
+    # ------------------------------------------------------------ state
+
+    def _client_id(self, index: int) -> str:
+        return self.opts.client_id if index == 0 else f"{self.opts.client_id}-{index}"
+
+    def _key(self, index: int) -> str:
+        return f"{self.url}#{self._client_id(index)}"
+
+    def _recover(self, keys: set[str]) -> dict[str, dict[int, set[str]]]:
+        """The QoS 2 ids (and digests) in the last ``RECOVER_MESSAGES`` records a session.
+
+        An id may appear with several digests (reused after a release): a resend that
+        matches any of them is a message already landed."""
+        found: dict[str, dict[int, set[str]]] = {k: {} for k in keys}
+        limit = RECOVER_MESSAGES * len(keys)  # records of any session: the read is bounded
+        for source in (self.readings, self.rejects):
+            for n, rec in enumerate(source.receive_records()):
+                if n >= limit:
+                    break
+                key, pid, digest = rec.get("session"), rec.get("packet_id"), rec.get("digest")
+                if key in found and rec.get("qos") == 2 and isinstance(pid, int):
+                    found[key].setdefault(pid, set()).add(str(digest))
+        self.stats.recovered_ids = sum(len(v) for v in found.values())
+        return found
+
+    def _legacy_pending(self, keys: set[str]) -> dict[str, list[int]]:
+        """QoS 2 ids a previous version committed to ``_state/ingest-{writer}.db``.
+
+        That version committed an id only after its message had landed, so each is a
+        message owned and not yet released. Read once, never written again."""
+        db = self.landing / "_state" / f"ingest-{self.opts.client_id}.db"
+        if not db.exists():
+            return {}
+        out: dict[str, list[int]] = {}
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                for key, pid in con.execute("SELECT session, packet_id FROM in_qos2"):
+                    if key in keys:
+                        out.setdefault(key, []).append(int(pid))
+            finally:
+                con.close()
+        except sqlite3.Error as exc:
+            log.warning("%s: not read (%s)", db, exc)
+        return out
+
+    def _session(self, index: int, version: int) -> tuple[str, ReceiverSession]:
+        key = self._key(index)
+        session = self._sessions.get(key)
+        if session is None:
+            landed = self._recovered.pop(key, {})
+            legacy = self._legacy.pop(key, [])
+            session = self._sessions[key] = ReceiverSession(version, legacy, landed)
+        session.version = version
+        return key, session
 
     # ------------------------------------------------------------ running
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = Backoff()
+        committer = asyncio.create_task(self._committer())
+        links = [
+            asyncio.create_task(self._connection_loop(stop, i)) for i in range(self.connections)
+        ]
         try:
-            while not stop.is_set():
-                try:
-                    await self._connection(stop, backoff)
-                except ConnectRefused as exc:
-                    self._failed(str(exc))
-                except (ConnectionClosed, OSError, TimeoutError, ProtocolError) as exc:
-                    self._failed(f"{type(exc).__name__}: {exc}")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff.next_delay())
+            done, _ = await asyncio.wait([committer, *links], return_when=asyncio.FIRST_COMPLETED)
+            if committer in done:
+                committer.result()  # a failed write or fsync: nothing held may go out
+            await asyncio.gather(*links)
         finally:
+            for t in links:
+                t.cancel()
+            await asyncio.gather(*links, return_exceptions=True)
+            # Never cancelled mid-write: its worker thread would go on writing (or
+            # rolling) while the files are closed below. It ends after its round.
+            self._stopping = True
+            self._wake.set()
+            await asyncio.gather(committer, return_exceptions=True)
             self.readings.close()
             self.rejects.close()
-            self.store.close()
+
+    async def _connection_loop(self, stop: asyncio.Event, index: int) -> None:
+        backoff = Backoff()
+        while not stop.is_set():
+            try:
+                await self._connection(stop, backoff, index)
+            except ConnectRefused as exc:
+                self._failed(str(exc))
+            except (ConnectionClosed, OSError, TimeoutError, ProtocolError) as exc:
+                self._failed(f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff.next_delay())
 
     def _failed(self, why: str) -> None:
         self.stats.last_error = why
         log.warning("ingest from %s: %s", self.url, why)
 
-    async def _connection(self, stop: asyncio.Event, backoff: Backoff) -> None:
-        conn, connack = await connect(self.url, self.opts, clean_start=False)
+    async def _connection(self, stop: asyncio.Event, backoff: Backoff, index: int) -> None:
+        opts = dataclasses.replace(self.opts, client_id=self._client_id(index))
+        conn, connack = await connect(self.url, opts, clean_start=False)
         self.stats.connections += 1
-        session = ReceiverSession(conn.version, self.store.qos2_pending(self.session_key))
+        key, session = self._session(index, conn.version)
         session.on_connack(connack.session_present)
-        if not connack.session_present:
-            self.store.qos2_reset(self.session_key)
+        link = _Link(conn)
+        self._links.add(link)
         try:
             await conn.send(Subscribe(SUBSCRIBE_ID, [Subscription(self.topic, qos=2)]))
             backoff.reset()
             while not stop.is_set():
                 pkts = await self._recv(conn, stop)
-                await self._handle(conn, session, pkts)
-                self.readings.maybe_roll()
-                self.rejects.maybe_roll()
+                now = self._handle(link, key, session, pkts)
+                if now:
+                    await conn.send(*now)
+            # Stopping: let the group holding this connection's last messages commit and
+            # their acknowledgements go out, then DISCONNECT (keeping the session).
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flushed(link), 10)
         finally:
+            self._links.discard(link)
             await conn.close(Disconnect() if stop.is_set() else None)
 
-    async def _recv(self, conn: Any, stop: asyncio.Event) -> list[Any]:
+    async def _flushed(self, link: _Link) -> None:
+        while link.held and not link.conn.closed:
+            self._committed.clear()
+            await self._committed.wait()
+
+    async def _recv(self, conn: Connection, stop: asyncio.Event) -> list[Any]:
         recv = asyncio.ensure_future(conn.recv(1.0))
         stopping = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait({recv, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
         if recv in done:
-            return recv.result()  # type: ignore[no-any-return]
+            return recv.result()
         recv.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await recv
         return []
 
-    async def _handle(self, conn: Any, session: ReceiverSession, pkts: list[Any]) -> None:
-        lines: list[bytes] = []
-        rejected: list[bytes] = []
-        ops: list[tuple[str, int]] = []  # durable packet-id changes, in arrival order
-        replies: list[Any] = []
+    # --------------------------------------------------- one connection's packets
+
+    def _handle(
+        self, link: _Link, key: str, session: ReceiverSession, pkts: list[Any]
+    ) -> list[Packet]:
+        """Gather what arrived into the group, hold the acknowledgements behind it, and
+        return the PUBCOMPs, which wait for nothing. No awaits here."""
+        now: list[Packet] = []
         received = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        group = self._group
         for pkt in pkts:
             if isinstance(pkt, Publish):
                 out = session.on_publish(pkt)
                 if isinstance(out, Reack):
                     self.stats.repeats += 1
-                    replies.append(out.ack)
+                    self._hold(link, out.ack)
                     continue
-                good, why = self._lines(pkt, received)
+                digest = message_digest(pkt) if pkt.qos == 2 else None
+                record = {"session": key, "packet_id": pkt.packet_id, "qos": pkt.qos}
+                record["digest"] = digest
+                data, n, why = self._lines(pkt, received, record)
                 if why is None:
-                    lines += good
+                    group.lines.append(data)
                     self.stats.messages += 1
-                    self.stats.readings += len(good)
+                    self.stats.readings += n
                 else:
                     self.stats.rejected[why.split(":")[0]] += 1
-                    rejected.append(_rejection(pkt, why, received))
-                if pkt.qos == 2:
-                    ops.append(("add", pkt.packet_id))  # type: ignore[arg-type]
+                    group.rejected.append(_rejection(pkt, why, received, record))
+                group.packet_ids.append(pkt.packet_id)
+                group.sessions.add(key)
                 if out.ack is not None:
-                    replies.append(out.ack)
+                    self._hold(link, out.ack)
             elif isinstance(pkt, Pubrel):
+                # A PUBCOMP depends on no commit (nothing about a release is written),
+                # and MQTT-4.6.0-2/-3 order PUBACKs and PUBRECs, not PUBCOMPs: it goes
+                # out now rather than after the group being written.
                 rel = session.on_pubrel(pkt)
                 if isinstance(rel, Forget):
-                    ops.append(("del", rel.packet_id))
-                    replies.append(rel.ack)
+                    crash_point("ingest_pubrel_received", f"PUBREL {pkt.packet_id}")
+                    now.append(rel.ack)
                 else:
-                    replies.append(rel.packet)
+                    now.append(rel.packet)
             elif isinstance(pkt, Suback):
                 if any(code >= 0x80 for code in pkt.reason_codes):
                     raise ConnectionClosed(f"broker refused the subscription: {pkt.reason_codes}")
@@ -207,49 +361,147 @@ class Ingest:
                 log.info("subscribed to %s", self.topic)
             elif not isinstance(pkt, Pingresp):
                 log.debug("ingest: ignoring %s", type(pkt).__name__)
-        if lines or rejected:
-            await asyncio.to_thread(self._write, lines, rejected)
-        crash_point("ingest_landed")
-        if ops:
-            await asyncio.to_thread(self._commit_ids, ops)
-        crash_point("ingest_committed")
-        if replies:
-            await conn.send(*replies)
+        return now
 
-    def _write(self, lines: list[bytes], rejected: list[bytes]) -> None:
-        self.readings.append(lines)
-        self.rejects.append(rejected)
+    def _hold(self, link: _Link, pkt: Packet) -> None:
+        # Every PUBACK / PUBREC waits for the group being gathered, even one that needs
+        # no write itself (a repeated PUBREC): they never overtake each other.
+        link.held.append((self._ticket, pkt))
+        self._wake.set()
 
-    def _commit_ids(self, ops: list[tuple[str, int]]) -> None:
-        with self.store.transaction() as db:
-            for op, pid in ops:
-                if op == "add":
-                    self.store.qos2_record(db, self.session_key, pid)
-                else:
-                    db.execute(
-                        "DELETE FROM in_qos2 WHERE session = ? AND packet_id = ?",
-                        (self.session_key, pid),
-                    )
+    # --------------------------------------------------------- the committer
 
-    def _lines(self, pkt: Publish, received: str) -> tuple[list[bytes], str | None]:
+    async def _committer(self) -> None:
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+            self._wake.clear()
+            group, self._group = self._group, _Group()
+            ticket, self._ticket = self._ticket, self._ticket + 1
+            if group.lines or group.rejected:
+                await asyncio.to_thread(self._write, group)
+                self.stats.commits += 1
+                self.stats.shared_commits += len(group.sessions) > 1
+            if group.packet_ids:
+                ids = ",".join(str(p) for p in group.packet_ids)
+                crash_point("ingest_landed", f"PUBLISH x{len(group.packet_ids)} ids {ids}")
+            self._durable = ticket
+            for link in list(self._links):
+                await self._flush(link)
+            self._committed.set()
+            if self.readings.roll_due() or self.rejects.roll_due():
+                await asyncio.to_thread(self._maybe_roll)
+
+    def _write(self, group: _Group) -> None:
+        self.readings.append(group.lines)
+        self.rejects.append(group.rejected)
+
+    def _maybe_roll(self) -> None:
+        self.readings.maybe_roll()
+        self.rejects.maybe_roll()
+
+    async def _flush(self, link: _Link) -> None:
+        out = []
+        while link.held and link.held[0][0] <= self._durable:
+            out.append(link.held.popleft()[1])
+        if out and not link.conn.closed:
+            with contextlib.suppress(ConnectionClosed):  # its reader sees the close
+                await link.conn.send(*out)
+
+    # ------------------------------------------------------------ payloads
+
+    def _lines(
+        self, pkt: Publish, received: str, record: dict[str, Any]
+    ) -> tuple[bytes, int, str | None]:
+        """The message's landing lines (its receive record on the last), how many, or why not."""
         try:
             msg = wire.loads(pkt.payload)
         except (ValueError, UnicodeDecodeError) as exc:
-            return [], f"not_json: {exc}"
-        err = next(iter(self.validator.iter_errors(msg)), None)
-        if err is not None:
-            where = "/".join(str(p) for p in err.absolute_path) or "(top)"
-            return [], f"schema: {where}: {err.message}"
+            return b"", 0, f"not_json: {exc}"
+        if not _plainly_valid(msg):
+            err = next(iter(self.validator.iter_errors(msg)), None)
+            if err is not None:
+                where = "/".join(str(p) for p in err.absolute_path) or "(top)"
+                return b"", 0, f"schema: {where}: {err.message}"
         gateway = msg["gateway"]
-        out = []
-        for r in msg["readings"]:
+        readings = msg["readings"]
+        for r in readings:
             r["gateway"] = gateway
             r["received"] = received
-            out.append(json.dumps(r, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
-        return out, None
+        readings[-1][RECEIVE_KEY] = record
+        return _json_lines(readings, received), len(readings), None
 
 
-def _rejection(pkt: Publish, why: str, received: str) -> bytes:
+_dump = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _json_lines(readings: list[dict[str, Any]], received: str) -> bytes:
+    """One JSON line a reading, from one encoder call for the whole list.
+
+    Each reading ends with its ``received`` (added last, after the schema's seven
+    keys), so in the encoded list the text ``"received":"R"},{`` occurs exactly at
+    the boundaries between readings: an unescaped quote cannot occur inside a JSON
+    string. Replacing the comma there by a newline gives the lines. If the count is
+    not what it must be, the readings are encoded one by one."""
+    body = _dump(readings)[1:-1]
+    end = _dump(received)
+    boundary = f'"received":{end}}},{{'
+    if body.count(boundary) == len(readings) - 1:
+        return body.replace(boundary, f'"received":{end}}}\n{{').encode() + b"\n"
+    return "\n".join(map(_dump, readings)).encode() + b"\n"  # pragma: no cover
+
+
+def _schema_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The schema's own patterns (jsonschema applies them with ``re.search``, as here)."""
+    text = resources.files("pubcomp.sync").joinpath(f"schemas/{wire.CLOUD_SCHEMA}").read_text()
+    props = json.loads(text)["properties"]["readings"]["items"]["properties"]
+    return re.compile(props["id"]["pattern"]), re.compile(props["ts"]["pattern"])
+
+
+_ID, _TS = _schema_patterns()
+_TOP_KEYS = frozenset({"v", "gateway", "readings"})
+_READING_KEYS = frozenset({"id", "origin", "sensor", "ts", "value", "unit", "flags"})
+
+
+def _plainly_valid(msg: Any) -> bool:
+    """True only for a message the cloud schema accepts, checked in plain Python.
+
+    jsonschema takes 85 µs a reading; this takes about 2. It is never more lenient
+    than the schema: anything it does not recognise goes to the validator, which
+    gives the verdict and the reason.
+    """
+    if type(msg) is not dict or msg.keys() != _TOP_KEYS:
+        return False
+    v, gateway, readings = msg["v"], msg["gateway"], msg["readings"]
+    if type(v) is not int or v != 1 or type(gateway) is not str or not gateway:
+        return False
+    if type(readings) is not list or not readings:
+        return False
+    id_ok, ts_ok, keys = _ID.search, _TS.search, _READING_KEYS
+    for r in readings:
+        if type(r) is not dict or r.keys() != keys:
+            return False
+        rid, origin, sensor, ts = r["id"], r["origin"], r["sensor"], r["ts"]
+        value, unit, flags = r["value"], r["unit"], r["flags"]
+        if not (
+            type(rid) is str
+            and id_ok(rid)
+            and type(origin) is str
+            and origin
+            and type(sensor) is str
+            and sensor
+            and (ts is None or (type(ts) is str and ts_ok(ts)))
+            and (value is None or type(value) is float or type(value) is int)
+            and (unit is None or type(unit) is str)
+            and type(flags) is list
+        ):
+            return False
+        if flags and (any(type(f) is not str for f in flags) or len(set(flags)) != len(flags)):
+            return False
+    return True
+
+
+def _rejection(pkt: Publish, why: str, received: str, record: dict[str, Any]) -> bytes:
     try:
         payload: str = pkt.payload.decode("utf-8")
         encoding = "utf-8"
@@ -261,6 +513,7 @@ def _rejection(pkt: Publish, why: str, received: str) -> bytes:
         "reason": why,
         "payload": payload[:65536],
         "encoding": encoding,
+        RECEIVE_KEY: record,
     }
     return json.dumps(rec, ensure_ascii=False).encode() + b"\n"
 

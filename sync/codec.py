@@ -400,6 +400,49 @@ _BOOLEAN = frozenset(
 
 _FLAGS_0010 = frozenset({PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE})
 
+# The reason codes each packet type may carry: the MQTT 5.0 tables of section 3
+# (Table 3-1 CONNACK, 3-4 PUBACK, 3-5 PUBREC, 3-6 PUBREL, 3-7 PUBCOMP, 3-8 SUBACK,
+# 3-9 UNSUBACK, 3-10 DISCONNECT, 3-11 AUTH). A sender MUST use one of them
+# (MQTT-3.2.2-8, 3.4.2-1, 3.5.2-1, 3.6.2-1, 3.7.2-1, 3.9.3-2, 3.11.3-2, 3.14.2-1,
+# 3.15.2-1); any other value is a malformed packet, and the receiver closes the
+# connection (5.0 section 4.13). Section 2.4 also lists 0x8C for DISCONNECT, which
+# Table 3-10 does not: the packet's own table is followed.
+
+
+def _codes(table: str) -> frozenset[int]:
+    return frozenset(int(c, 16) for c in table.split())
+
+
+_PUB_ACK_CODES = _codes("00 10 80 83 87 90 91 97 99")
+REASON_CODES_5: dict[int, frozenset[int]] = {
+    PacketType.CONNACK: _codes("00 80 81 82 83 84 85 86 87 88 89 8A 8C 90 95 97 99 9A 9B 9C 9D 9F"),
+    PacketType.PUBACK: _PUB_ACK_CODES,
+    PacketType.PUBREC: _PUB_ACK_CODES,
+    PacketType.PUBREL: _codes("00 92"),
+    PacketType.PUBCOMP: _codes("00 92"),
+    PacketType.SUBACK: _codes("00 01 02 80 83 87 8F 91 97 9E A1 A2"),
+    PacketType.UNSUBACK: _codes("00 11 80 83 87 8F 91"),
+    PacketType.DISCONNECT: _codes(
+        "00 04 80 81 82 83 87 89 8B 8D 8E 8F 90 93 94 95 96 97 98 99 9A 9B 9C 9D 9E 9F A0 A1 A2"
+    ),
+    PacketType.AUTH: _codes("00 18 19"),
+}
+# MQTT 3.1.1 has return codes in two packets only: CONNACK 0-5 (6-255 reserved,
+# section 3.2.2.3) and SUBACK 0x00, 0x01, 0x02, 0x80 (MQTT-3.9.3-2: others are
+# reserved and MUST NOT be used).
+RETURN_CODES_311: dict[int, frozenset[int]] = {
+    PacketType.CONNACK: frozenset(range(6)),
+    PacketType.SUBACK: frozenset({0x00, 0x01, 0x02, 0x80}),
+}
+
+
+def _check_reason(ptype: PacketType, code: int, version: int) -> None:
+    table = REASON_CODES_5 if version == MQTT_5 else RETURN_CODES_311
+    if code not in table[ptype]:
+        raise ProtocolError(
+            f"{ptype.name} reason code 0x{code:02x} is not defined for it", Reason.PROTOCOL_ERROR
+        )
+
 
 def _check_topic_name(topic: str) -> None:
     if "+" in topic or "#" in topic:
@@ -470,6 +513,7 @@ def _d_ack(cls: Callable[..., Any]) -> Callable[[_Reader, int, int], Any]:
         code, props = 0, {}
         if version == MQTT_5 and r.remaining():
             code = r.byte()
+            _check_reason(ptype, code, version)
             if r.remaining():
                 props = decode_properties(r, ptype)
         r.done(ptype.name)
@@ -483,6 +527,7 @@ def _d_connack(r: _Reader, flags: int, version: int) -> Connack:
     if ack_flags & 0xFE:
         raise ProtocolError("CONNACK reserved flags set")
     code = r.byte()
+    _check_reason(PacketType.CONNACK, code, version)
     props = decode_properties(r, PacketType.CONNACK) if version == MQTT_5 else {}
     r.done("CONNACK")
     return Connack(bool(ack_flags & 1), code, props)
@@ -511,7 +556,10 @@ def _d_subscribe(r: _Reader, flags: int, version: int) -> Subscribe:
 def _d_suback(r: _Reader, flags: int, version: int) -> Suback:
     pid = _packet_id(r)
     props = decode_properties(r, PacketType.SUBACK) if version == MQTT_5 else {}
-    return Suback(pid, list(r.rest()), props)
+    codes = list(r.rest())
+    for code in codes:
+        _check_reason(PacketType.SUBACK, code, version)
+    return Suback(pid, codes, props)
 
 
 def _d_unsubscribe(r: _Reader, flags: int, version: int) -> Unsubscribe:
@@ -531,7 +579,10 @@ def _d_unsuback(r: _Reader, flags: int, version: int) -> Unsuback:
         r.done("UNSUBACK")
         return Unsuback(pid)
     props = decode_properties(r, PacketType.UNSUBACK)
-    return Unsuback(pid, list(r.rest()), props)
+    codes = list(r.rest())
+    for code in codes:
+        _check_reason(PacketType.UNSUBACK, code, version)
+    return Unsuback(pid, codes, props)
 
 
 def _d_empty(cls: Callable[[], Any]) -> Callable[[_Reader, int, int], Any]:
@@ -551,6 +602,7 @@ def _d_reasoned(cls: Callable[..., Any]) -> Callable[[_Reader, int, int], Any]:
         code, props = 0, {}
         if version == MQTT_5 and r.remaining():
             code = r.byte()
+            _check_reason(ptype, code, version)
             if r.remaining():
                 props = decode_properties(r, ptype)
         r.done(ptype.name)

@@ -12,12 +12,16 @@ exception. Points, in handshake order:
 
 and on the receiving side (the cloud ingest):
 
-- ``ingest_landed``:     readings written and fsynced, packet ids not yet committed,
-  PUBREC not yet sent
-- ``ingest_committed``:  packet ids committed, PUBREC not yet sent
+- ``ingest_landed``:     a group holding PUBLISHes written and fsynced (with their
+  receive records), PUBRECs not yet sent
+- ``ingest_pubrel_received``: PUBREL decoded for a landed message, PUBCOMP not yet sent
 
 and in the Spark pipeline: ``pipeline_readings_written`` (a batch's readings
 written, its rollups and checkpoint not yet).
+
+``PUBCOMP_CRASH_MARKER=path``: before the kill, the point's name and the
+caller's detail (what it was handling) are written to ``path``, so a test can
+assert that the crash happened where it meant it to.
 
 Unset (production), ``crash_point`` costs one dictionary lookup.
 """
@@ -34,7 +38,7 @@ POINTS = (
     "pubrel_written",
     "pubcomp_received",
     "ingest_landed",
-    "ingest_committed",
+    "ingest_pubrel_received",
     "pipeline_readings_written",
 )
 
@@ -53,12 +57,16 @@ def _load() -> None:
     _target, _remaining = point, int(n or 1)
 
 
-def crash_point(point: str) -> None:
+def crash_point(point: str, detail: str = "") -> None:
     global _remaining
     if point != _target:
         return
     _remaining -= 1
     if _remaining <= 0:
+        marker = os.environ.get("PUBCOMP_CRASH_MARKER")
+        if marker:
+            with open(marker, "w") as f:
+                f.write(f"{point} {detail}".strip() + "\n")
         os.kill(os.getpid(), signal.SIGKILL)
 
 

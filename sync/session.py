@@ -20,7 +20,9 @@ Sender transitions (MQTT-4.3.3-1, 5.0 4.3.3-1..6)::
     PUBLISH_SENT --PUBREC <0x80 / commit, PUBREL-----> PUBREL_SENT
     PUBLISH_SENT --PUBREC >=0x80 / commit----------> (free)   no PUBREL (5.0 4.3.3-4)
     PUBLISH_SENT --PUBACK (QoS 1) / commit---------> (free)
-    PUBREL_SENT  --PUBREC again / PUBREL again-----> PUBREL_SENT
+    PUBREL_SENT  --PUBREC <0x80 again / PUBREL again-> PUBREL_SENT
+    (free) or PUBREL_SENT --PUBREC >=0x80--------> unchanged, nothing sent (5.0 4.3.3-4)
+    (free)       --PUBREC <0x80 / PUBREL 0x92 (5.0)-> (free)
     PUBREL_SENT  --PUBCOMP / commit delete---------> (free)
     reconnect, session present: PUBLISH_SENT -> PUBLISH DUP=1 same id,
                                 PUBREL_SENT  -> PUBREL same id, original order
@@ -35,13 +37,26 @@ Receiver transitions (MQTT-4.3.3-2, 5.0 4.3.3-8..12)::
     PENDING   --PUBLISH QoS 2 same id / PUBREC only (never deliver twice)
     PENDING   --PUBREL / forget id, commit, PUBCOMP--> (unknown)
     (unknown) --PUBREL / PUBCOMP (0x92 in 5.0)
+
+A receiver may instead keep, durably, only what it delivered (``landed``: id ->
+digest of the message) and never the PUBREL. After a restart such an id is
+LANDED: whether it was released is unknown, so the message decides::
+
+    LANDED    --PUBLISH QoS 2 same id, a digest seen / PUBREC only--> PENDING
+    LANDED    --PUBLISH QoS 2 same id, new digest   / deliver, PUBREC--> PENDING
+    LANDED    --PUBREL / PUBCOMP--> (unknown)
+
+A resend carries the same topic and payload (MQTT-4.3.3-2 / 5.0 4.3.3-10: never
+delivered twice); a new message under a released id differs, or is the same
+bytes again, which the application's own key (the reading id) would drop anyway.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .packets import (
@@ -149,7 +164,6 @@ PERMANENT_REFUSALS = frozenset(
     {
         Reason.NOT_AUTHORIZED,
         Reason.TOPIC_NAME_INVALID,
-        Reason.PACKET_TOO_LARGE,
         Reason.PAYLOAD_FORMAT_INVALID,
     }
 )
@@ -259,6 +273,10 @@ class SenderSession:
     def on_pubrec(self, pkt: Pubrec) -> Released | Refused | Reply | Ignored:
         pid = pkt.packet_id
         o = self.inflight.get(pid)
+        if pkt.reason_code >= 0x80 and (o is None or o.state is OutState.PUBREL_SENT):
+            # MQTT-4.3.3-4 (5.0): a PUBREL answers only a PUBREC below 0x80. The broker
+            # ended a flow we hold nothing for (or already released): nothing to send.
+            return Ignored(f"PUBREC 0x{pkt.reason_code:02x} for packet id {pid} not awaiting one")
         if o is None or o.qos != 2:
             if self.version == MQTT_5:
                 # Let the broker finish its side; we hold nothing for this id.
@@ -288,19 +306,37 @@ class SenderSession:
 # ----------------------------------------------------------------- receiver
 
 
+def message_digest(pkt: Publish) -> str:
+    """What tells a resent PUBLISH from a new one under the same id: topic and payload."""
+    h = hashlib.blake2b(pkt.topic.encode(), digest_size=16)
+    h.update(b"\0")
+    h.update(pkt.payload)
+    return h.hexdigest()
+
+
 class ReceiverSession:
     """The receiving side of one MQTT session (ingest, node ingress).
 
-    ``pending`` is the durable set of QoS 2 ids owned and not yet released.
+    ``pending`` is the set of QoS 2 ids owned and not yet released (durable, for a
+    receiver that commits PUBRELs). ``landed`` maps ids delivered before a restart,
+    whose release is unknown, to the ``message_digest`` of what was delivered under
+    them (several, if an id was reused after a release).
     """
 
-    def __init__(self, version: int, pending: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        version: int,
+        pending: Iterable[int] = (),
+        landed: Mapping[int, Iterable[str]] | None = None,
+    ) -> None:
         self.version = version
         self.pending: set[int] = set(pending)
+        self.landed: dict[int, set[str]] = {pid: set(d) for pid, d in (landed or {}).items()}
 
     def on_connack(self, session_present: bool) -> None:
         if not session_present:
             self.pending.clear()  # a new session: old ids mean nothing (MQTT-3.1.2-6)
+            self.landed.clear()
 
     def on_publish(self, pkt: Publish) -> Deliver | Reack:
         """MQTT-3.3.4-1 / 4.5.0-2: every PUBLISH is answered as its QoS requires."""
@@ -314,6 +350,9 @@ class ReceiverSession:
         if pkt.packet_id in self.pending:
             return Reack(Pubrec(pkt.packet_id))  # MQTT-4.3.3-2: never deliver twice
         self.pending.add(pkt.packet_id)
+        digests = self.landed.pop(pkt.packet_id, None)
+        if digests is not None and message_digest(pkt) in digests:
+            return Reack(Pubrec(pkt.packet_id))  # the resend of a message landed before
         return Deliver(pkt, Pubrec(pkt.packet_id))
 
     def refuse(self, pkt: Publish, reason: int) -> Puback | Pubrec:
@@ -324,8 +363,9 @@ class ReceiverSession:
         return Puback(pkt.packet_id, code) if pkt.qos == 1 else Pubrec(pkt.packet_id, code)
 
     def on_pubrel(self, pkt: Pubrel) -> Forget | Reply:
-        if pkt.packet_id in self.pending:
+        if pkt.packet_id in self.pending or pkt.packet_id in self.landed:
             self.pending.discard(pkt.packet_id)
+            self.landed.pop(pkt.packet_id, None)
             return Forget(pkt.packet_id, Pubcomp(pkt.packet_id))
         code = Reason.PACKET_IDENTIFIER_NOT_FOUND if self.version == MQTT_5 else 0
         return Reply(Pubcomp(pkt.packet_id, code))

@@ -20,13 +20,16 @@ class IngestProc:
     def __init__(self, port: int, landing: Path, client_id: str = "ingest-1", *extra: str):
         self.port, self.landing, self.client_id, self.extra = port, landing, client_id, extra
         self.log = landing.parent / f"{client_id}.log"
+        self.marker = landing.parent / f"{client_id}.crash"  # what a crash point writes
         self.proc: subprocess.Popen[str] | None = None
         self.runs = 0
 
     def start(self, crash_at: str | None = None, wait: bool = True) -> IngestProc:
-        env = {k: v for k, v in os.environ.items() if k != "PUBCOMP_CRASH_AT"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PUBCOMP_CRASH_")}
+        self.marker.unlink(missing_ok=True)
         if crash_at:
             env["PUBCOMP_CRASH_AT"] = crash_at
+            env["PUBCOMP_CRASH_MARKER"] = str(self.marker)
         self.runs += 1
         mark = f"run {self.runs}\n"
         with self.log.open("a") as f:
@@ -52,6 +55,10 @@ class IngestProc:
             assert self.proc is not None and self.proc.poll() is None, text[-3000:]
             time.sleep(0.05)
         raise TimeoutError(self.log.read_text()[-3000:])
+
+    def crashed_at(self) -> str:
+        """What the crash point wrote before the kill ("" if none fired)."""
+        return self.marker.read_text().strip() if self.marker.exists() else ""
 
     def stop(self) -> dict[str, object]:
         assert self.proc is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -31,6 +32,7 @@ from pubcomp.sync.packets import (
     Publish,
     Pubrec,
     Pubrel,
+    Reason,
     Suback,
     Subscribe,
     Subscription,
@@ -40,6 +42,53 @@ from pubcomp.sync.packets import (
 )
 
 VERSIONS = st.sampled_from([MQTT_311, MQTT_5])
+
+# The reason codes of each packet type, copied from the MQTT 5.0 tables (section 3)
+# by name, not from the codec: Table 3-1 Connect Reason Codes, 3-4 PUBACK, 3-5 PUBREC,
+# 3-6 PUBREL, 3-7 PUBCOMP, 3-8 Subscribe, 3-9 Unsubscribe, 3-10 Disconnect, 3-11 Authenticate.
+R = Reason
+_PUB = {R.SUCCESS, R.NO_MATCHING_SUBSCRIBERS, R.UNSPECIFIED_ERROR,
+        R.IMPLEMENTATION_SPECIFIC_ERROR, R.NOT_AUTHORIZED, R.TOPIC_NAME_INVALID,
+        R.PACKET_IDENTIFIER_IN_USE, R.QUOTA_EXCEEDED, R.PAYLOAD_FORMAT_INVALID}  # fmt: skip
+SPEC_REASON_CODES: dict[PacketType, set[int]] = {
+    PacketType.CONNACK: {
+        R.SUCCESS, R.UNSPECIFIED_ERROR, R.MALFORMED_PACKET, R.PROTOCOL_ERROR,
+        R.IMPLEMENTATION_SPECIFIC_ERROR, R.UNSUPPORTED_PROTOCOL_VERSION,
+        R.CLIENT_IDENTIFIER_NOT_VALID, R.BAD_USER_NAME_OR_PASSWORD, R.NOT_AUTHORIZED,
+        R.SERVER_UNAVAILABLE, R.SERVER_BUSY, R.BANNED, R.BAD_AUTHENTICATION_METHOD,
+        R.TOPIC_NAME_INVALID, R.PACKET_TOO_LARGE, R.QUOTA_EXCEEDED, R.PAYLOAD_FORMAT_INVALID,
+        R.RETAIN_NOT_SUPPORTED, R.QOS_NOT_SUPPORTED, R.USE_ANOTHER_SERVER, R.SERVER_MOVED,
+        R.CONNECTION_RATE_EXCEEDED,
+    },
+    PacketType.PUBACK: _PUB,
+    PacketType.PUBREC: _PUB,
+    PacketType.PUBREL: {R.SUCCESS, R.PACKET_IDENTIFIER_NOT_FOUND},
+    PacketType.PUBCOMP: {R.SUCCESS, R.PACKET_IDENTIFIER_NOT_FOUND},
+    PacketType.SUBACK: {
+        R.SUCCESS, R.GRANTED_QOS_1, R.GRANTED_QOS_2, R.UNSPECIFIED_ERROR,
+        R.IMPLEMENTATION_SPECIFIC_ERROR, R.NOT_AUTHORIZED, R.TOPIC_FILTER_INVALID,
+        R.PACKET_IDENTIFIER_IN_USE, R.QUOTA_EXCEEDED, R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+        R.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, R.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+    },
+    PacketType.UNSUBACK: {
+        R.SUCCESS, R.NO_SUBSCRIPTION_EXISTED, R.UNSPECIFIED_ERROR,
+        R.IMPLEMENTATION_SPECIFIC_ERROR, R.NOT_AUTHORIZED, R.TOPIC_FILTER_INVALID,
+        R.PACKET_IDENTIFIER_IN_USE,
+    },
+    PacketType.DISCONNECT: {
+        R.SUCCESS, R.DISCONNECT_WITH_WILL, R.UNSPECIFIED_ERROR, R.MALFORMED_PACKET,
+        R.PROTOCOL_ERROR, R.IMPLEMENTATION_SPECIFIC_ERROR, R.NOT_AUTHORIZED, R.SERVER_BUSY,
+        R.SERVER_SHUTTING_DOWN, R.KEEP_ALIVE_TIMEOUT, R.SESSION_TAKEN_OVER,
+        R.TOPIC_FILTER_INVALID, R.TOPIC_NAME_INVALID, R.RECEIVE_MAXIMUM_EXCEEDED,
+        R.TOPIC_ALIAS_INVALID, R.PACKET_TOO_LARGE, R.MESSAGE_RATE_TOO_HIGH, R.QUOTA_EXCEEDED,
+        R.ADMINISTRATIVE_ACTION, R.PAYLOAD_FORMAT_INVALID, R.RETAIN_NOT_SUPPORTED,
+        R.QOS_NOT_SUPPORTED, R.USE_ANOTHER_SERVER, R.SERVER_MOVED,
+        R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, R.CONNECTION_RATE_EXCEEDED,
+        R.MAXIMUM_CONNECT_TIME, R.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+        R.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+    },
+    PacketType.AUTH: {R.SUCCESS, R.CONTINUE_AUTHENTICATION, R.RE_AUTHENTICATE},
+}  # fmt: skip
 text = st.text(
     st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20
 )
@@ -78,8 +127,8 @@ def packets(draw: st.DrawFn, version: int) -> object:
     def props(where: object) -> dict[str, object]:
         return draw(props_for(where)) if v5 else {}
 
-    def reason(success: int = 0) -> int:
-        return draw(st.sampled_from([success, 0x80, 0x87, 0x92])) if v5 else 0
+    def reason(kind: PacketType) -> int:
+        return draw(st.sampled_from(sorted(SPEC_REASON_CODES[kind]))) if v5 else 0
 
     kind = draw(st.sampled_from(list(PacketType)))
     if kind == PacketType.AUTH and not v5:
@@ -109,7 +158,7 @@ def packets(draw: st.DrawFn, version: int) -> object:
     if kind == PacketType.CONNACK:
         return Connack(
             draw(st.booleans()),
-            draw(st.integers(0, 5)) if not v5 else reason(),
+            draw(st.integers(0, 5)) if not v5 else reason(kind),
             props(PacketType.CONNACK),
         )
     if kind == PacketType.PUBLISH:
@@ -125,7 +174,7 @@ def packets(draw: st.DrawFn, version: int) -> object:
         )
     if kind in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
         cls = {4: Puback, 5: Pubrec, 6: Pubrel, 7: Pubcomp}[kind]
-        return cls(draw(pid), reason(), props(kind))
+        return cls(draw(pid), reason(kind), props(kind))
     if kind == PacketType.SUBSCRIBE:
         subs = draw(
             st.lists(
@@ -143,22 +192,24 @@ def packets(draw: st.DrawFn, version: int) -> object:
         )
         return Subscribe(draw(pid), subs, props(PacketType.SUBSCRIBE))
     if kind == PacketType.SUBACK:
-        codes = draw(st.lists(st.sampled_from([0, 1, 2, 0x80]), min_size=1, max_size=4))
+        allowed = sorted(SPEC_REASON_CODES[kind]) if v5 else [0, 1, 2, 0x80]
+        codes = draw(st.lists(st.sampled_from(allowed), min_size=1, max_size=4))
         return Suback(draw(pid), codes, props(PacketType.SUBACK))
     if kind == PacketType.UNSUBSCRIBE:
         return Unsubscribe(
             draw(pid), draw(st.lists(text, min_size=1, max_size=3)), props(PacketType.UNSUBSCRIBE)
         )
     if kind == PacketType.UNSUBACK:
-        codes = draw(st.lists(st.sampled_from([0, 0x11]), min_size=1, max_size=3)) if v5 else []
+        allowed = sorted(SPEC_REASON_CODES[kind])
+        codes = draw(st.lists(st.sampled_from(allowed), min_size=1, max_size=3)) if v5 else []
         return Unsuback(draw(pid), codes, props(PacketType.UNSUBACK))
     if kind == PacketType.PINGREQ:
         return Pingreq()
     if kind == PacketType.PINGRESP:
         return Pingresp()
     if kind == PacketType.DISCONNECT:
-        return Disconnect(reason(), props(PacketType.DISCONNECT))
-    return Auth(draw(st.sampled_from([0, 0x18, 0x19])), props(PacketType.AUTH))
+        return Disconnect(reason(kind), props(PacketType.DISCONNECT))
+    return Auth(reason(kind), props(PacketType.AUTH))
 
 
 @st.composite
@@ -313,3 +364,62 @@ def test_qos0_publish_has_no_packet_id_MQTT_2_3_1_5() -> None:
     data = encode(Publish("a", b"x", 0, packet_id=9), MQTT_311)
     assert data == b"\x30\x04\x00\x01ax"
     assert decode_one(data, MQTT_311).packet_id is None  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------- reason-code tables
+
+# One packet per type carrying the reason code ``c``, as a broker would send it.
+_WITH_CODE_5: dict[PacketType, tuple[str, Callable[[int], bytes]]] = {
+    PacketType.CONNACK: ("MQTT-3.2.2-8", lambda c: bytes([0x20, 3, 0, c, 0])),
+    PacketType.PUBACK: ("MQTT-3.4.2-1", lambda c: bytes([0x40, 4, 0, 1, c, 0])),
+    PacketType.PUBREC: ("MQTT-3.5.2-1", lambda c: bytes([0x50, 4, 0, 1, c, 0])),
+    PacketType.PUBREL: ("MQTT-3.6.2-1", lambda c: bytes([0x62, 4, 0, 1, c, 0])),
+    PacketType.PUBCOMP: ("MQTT-3.7.2-1", lambda c: bytes([0x70, 4, 0, 1, c, 0])),
+    PacketType.SUBACK: ("MQTT-3.9.3-2", lambda c: bytes([0x90, 5, 0, 1, 0, 0, c])),
+    PacketType.UNSUBACK: ("MQTT-3.11.3-2", lambda c: bytes([0xB0, 5, 0, 1, 0, 0, c])),
+    PacketType.DISCONNECT: ("MQTT-3.14.2-1", lambda c: bytes([0xE0, 2, c, 0])),
+    PacketType.AUTH: ("MQTT-3.15.2-1", lambda c: bytes([0xF0, 2, c, 0])),
+}
+
+
+@pytest.mark.parametrize("ptype", list(_WITH_CODE_5), ids=lambda t: t.name)
+def test_every_reason_code_is_checked_against_its_packet_table_5_0(ptype: PacketType) -> None:
+    """The sender MUST use one of its packet type's reason codes (the statement id is in
+    the table above); any other byte is a malformed packet and the connection is closed
+    with a protocol error (5.0 section 4.13). Every byte value, every packet type."""
+    statement, packet = _WITH_CODE_5[ptype]
+    for code in range(256):
+        if code in SPEC_REASON_CODES[ptype]:
+            assert decode_one(packet(code), MQTT_5).type == ptype, (statement, hex(code))
+        else:
+            with pytest.raises(ProtocolError, match="reason code") as exc:
+                decode_one(packet(code), MQTT_5)
+            assert exc.value.reason == Reason.PROTOCOL_ERROR, (statement, hex(code))
+
+
+def test_puback_with_undefined_reason_0xff_is_a_protocol_error_not_a_refusal() -> None:
+    """Mosquitto's msg_sequence case: ``40 04 00 01 ff 00`` (MQTT-3.4.2-1)."""
+    with pytest.raises(ProtocolError, match="PUBACK reason code 0xff"):
+        Decoder(MQTT_5).feed(bytes.fromhex("40 04 00 01 ff 00"))
+
+
+@pytest.mark.parametrize(
+    ("ptype", "packet", "defined"),
+    [
+        # 3.1.1 section 3.2.2.3: CONNACK return codes 0-5; 6-255 are reserved.
+        (PacketType.CONNACK, lambda c: bytes([0x20, 2, 0, c]), set(range(6))),
+        # MQTT-3.9.3-2 (3.1.1): SUBACK return codes other than 0x00, 0x01, 0x02 and 0x80
+        # are reserved and MUST NOT be used.
+        (PacketType.SUBACK, lambda c: bytes([0x90, 3, 0, 1, c]), {0, 1, 2, 0x80}),
+    ],
+    ids=["CONNACK", "SUBACK"],
+)
+def test_every_return_code_is_checked_in_3_1_1(
+    ptype: PacketType, packet: Callable[[int], bytes], defined: set[int]
+) -> None:
+    for code in range(256):
+        if code in defined:
+            assert decode_one(packet(code), MQTT_311).type == ptype
+        else:
+            with pytest.raises(ProtocolError, match="reason code"):
+                decode_one(packet(code), MQTT_311)

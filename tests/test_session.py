@@ -19,6 +19,7 @@ from pubcomp.sync.session import (
     Reply,
     SenderSession,
     SessionError,
+    message_digest,
 )
 
 
@@ -62,6 +63,24 @@ def test_PUBREC_with_error_ends_the_flow_without_PUBREL_5_0_4_3_3_4_and_4_4_0_2(
     assert pid not in s.inflight  # 4.4.0-2: acknowledged, never retransmitted
     r = s.on_connack(True, clean_start=False)
     assert r.resend == []
+
+
+def test_PUBREC_with_error_for_an_id_not_awaiting_one_draws_no_PUBREL_MQTT_4_3_3_4() -> None:
+    """MQTT-4.3.3-4 (5.0): the sender MUST send a PUBREL "in response to a PUBREC
+    containing a Reason Code of less than 0x80" only. An unknown id (or one already
+    released) with a failure code gets nothing, and the state is left alone."""
+    s = connected()
+    pid = s.allocate(2).packet_id
+    s.on_pubrec(Pubrec(pid))  # PUBREL_SENT
+    for code in (0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99):
+        unknown = s.on_pubrec(Pubrec(4242, code))
+        assert isinstance(unknown, Ignored), (hex(code), unknown)
+        released = s.on_pubrec(Pubrec(pid, code))
+        assert isinstance(released, Ignored), (hex(code), released)
+        assert isinstance(connected(MQTT_311).on_pubrec(Pubrec(4242, code)), Ignored)
+    assert s.inflight[pid].state is OutState.PUBREL_SENT and list(s.inflight) == [pid]
+    # Below 0x80 the unknown id is still answered (5.0: PUBREL 0x92, MQTT-3.6.2-1).
+    assert s.on_pubrec(Pubrec(4242, 0x10)) == Reply(Pubrel(4242, 0x92))
 
 
 def test_qos1_flow_and_PUBACK_error_MQTT_4_3_2_1() -> None:
@@ -178,3 +197,28 @@ def test_receiver_session_lost_forgets_pending_ids() -> None:
     r = ReceiverSession(MQTT_311, pending={1, 2})
     r.on_connack(False)
     assert not r.pending
+
+
+def test_receiver_recognises_a_resend_of_a_message_landed_before_a_restart_MQTT_4_3_3_2() -> None:
+    """MQTT-4.3.3-2 (5.0 4.3.3-10): until PUBREL, a repeat is acknowledged and never
+    delivered twice, also across a restart that kept only the landed message and its
+    digest (no PUBREL record). A new message under a released id is delivered (5.0
+    4.3.3-12): its digest differs."""
+    old = Publish("t/gw1/readings", b'{"readings":1}', 2, packet_id=7)
+    r = ReceiverSession(
+        MQTT_5, landed={7: {"other", message_digest(old)}, 8: {message_digest(old)}}
+    )
+    again = Publish(old.topic, old.payload, 2, dup=True, packet_id=7)
+    assert r.on_publish(again) == Reack(Pubrec(7))
+    assert r.on_publish(again) == Reack(Pubrec(7))  # still pending until PUBREL
+    assert r.on_pubrel(Pubrel(7)) == Forget(7, Pubcomp(7))
+    new = Publish(old.topic, b'{"readings":2}', 2, packet_id=8)  # id 8 was released
+    assert isinstance(r.on_publish(new), Deliver)
+    assert r.on_publish(new) == Reack(Pubrec(8))
+    other_topic = Publish("t/gw2/readings", old.payload, 2, packet_id=9)
+    r.landed[9] = {message_digest(old)}
+    assert isinstance(r.on_publish(other_topic), Deliver)
+    assert ReceiverSession(MQTT_5, landed={3: {"x"}}).on_pubrel(Pubrel(3)) == Forget(3, Pubcomp(3))
+    lost = ReceiverSession(MQTT_5, landed={7: {message_digest(old)}})
+    lost.on_connack(False)  # MQTT-3.1.2-6: a new session, the old ids mean nothing
+    assert isinstance(lost.on_publish(again), Deliver)
