@@ -70,19 +70,20 @@ def gateway_run(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
+    from .status import EXIT_NOT_RUNNING, EXIT_USAGE, fetch, not_running_hint, render, verdict
+
     cfg = _load(args)
     if cfg is None:
-        return 1
-    from .status import fetch, not_running_hint, render
+        return EXIT_USAGE
 
     try:
         snap = fetch(cfg.health.host, cfg.health.port)
     except (OSError, ValueError) as exc:
         print(f"pubcomp status: {cfg.id}: {exc}", file=sys.stderr)
         print(not_running_hint(cfg.store.path), file=sys.stderr)
-        return 3  # as `systemctl status` says "not running"
+        return EXIT_NOT_RUNNING  # as `systemctl status` says "not running"
     print(json.dumps(snap, indent=2) if args.json else render(snap))
-    return 0 if snap["healthy"] else 1
+    return verdict(snap)[2]
 
 
 def hash_password(args: argparse.Namespace) -> int:
