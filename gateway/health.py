@@ -268,13 +268,16 @@ def backlog_svg(
     fmt = "%H:%M" if tstep >= 60 else "%H:%M:%S"
     xlab = ""
     t = (t0 // tstep + 1) * tstep
+    i = 0
     while t <= now:
+        i += 1
         pct = (t - t0) / span * 100
         anchor = "start" if pct < 6 else "end" if pct > 94 else "middle"
         bottom = _PLOT_TOP + _PLOT_H
         xlab += (
             f'<line class="tick" x1="{pct:.2f}%" x2="{pct:.2f}%" y1="{bottom}" y2="{bottom + 5}"/>'
-            f'<text class="xtick" x="{pct:.2f}%" y="{bottom + 18}" text-anchor="{anchor}">'
+            f'<text class="xtick{"" if i % 2 else " even"}" x="{pct:.2f}%" y="{bottom + 18}" '
+            f'text-anchor="{anchor}">'
             f"{time.strftime(fmt, time.localtime(t))}</text>"
         )
         t += tstep
@@ -336,6 +339,7 @@ svg.chart{overflow:visible;display:block;font-size:11px}
 .line{fill:none;stroke:#1f77b4;stroke-width:2;vector-effect:non-scaling-stroke}
 .area{fill:#1f77b4;fill-opacity:.15}.outage{fill:#d98200;fill-opacity:.15}
 .tick{stroke:#999}.empty{color:#555;font-style:italic}
+@media (max-width:600px){.xtick.even{display:none}}
 """
 
 

@@ -63,7 +63,7 @@ def verdict(snap: dict[str, Any]) -> tuple[str, str, int]:
         why = "; ".join(snap.get("health_problems") or []) or "see the gateway's log"
         return "unhealthy", f"UNHEALTHY: {why}", EXIT_UNHEALTHY
     if up["state"] != "connected":
-        since = up.get("down_since")
+        since = up.get("down_since") or now
         if up.get("last_error_at") is None and up["state"] in ("starting", "connecting"):
             head = f"uplink connecting (since {hms(since)}, {_duration(now - since)})"
         else:
