@@ -122,7 +122,7 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
         since = f"DOWN since {hms(up.get('down_since'))}"
     return [
         ("gateway", f"{snap['gateway']} (fleet {snap['fleet']}), up {_duration(snap['uptime_s'])}"),
-        ("health", "ok" if snap["healthy"] else "UNHEALTHY"),
+        ("health", "ok (tasks and store)" if snap["healthy"] else "UNHEALTHY"),
         ("uplink", f"{up['state']} {since}, to {up['broker']} (QoS {up['qos']})"),
         ("backlog", f"{up['backlog']:,} readings, {up['inflight_messages']} messages in flight"),
         ("oldest", _duration(up["oldest_age_s"])),
