@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import getpass
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -54,35 +56,90 @@ def _load(args: argparse.Namespace) -> GatewayConfig | None:
         return None
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _port_in_use(exc: OSError) -> int | None:
+    """The port of an "address already in use" error from a listener's bind, if it is one."""
+    if exc.errno != errno.EADDRINUSE:
+        return None
+    m = re.search(r"\('[^']*', (\d+)", str(exc))
+    return int(m.group(1)) if m else None
+
+
+def _listeners(cfg: GatewayConfig) -> dict[int, str]:
+    ports = {cfg.health.port: "health"}
+    if cfg.ingress.enabled and cfg.nodes:
+        ports[cfg.ingress.port] = "ingress"
+        if cfg.ingress.tls_port:
+            ports[cfg.ingress.tls_port] = "ingress TLS"
+    return ports
+
+
 def gateway_run(args: argparse.Namespace) -> int:
-    logging.getLogger().setLevel(args.log_level.upper())
+    level = args.log_level.upper()
+    if level not in LOG_LEVELS:
+        print(
+            f"pubcomp gateway run: --log-level {args.log_level}: not a level; "
+            f"use one of {', '.join(LOG_LEVELS)} (or -v / -vv for the other commands)",
+            file=sys.stderr,
+        )
+        return 2
+    logging.getLogger().setLevel(level)
     cfg = _load(args)
     if cfg is None:
         return 1
     from .ingress import IngressConfigError
     from .service import run
+    from .status import fetch
 
+    again = f"another gateway {cfg.id} is probably running with this fleet file"
+    see = f"`pubcomp status --config {args.config}`, `systemctl status pubcomp-gateway`"
+    try:
+        # Before the store is opened: a second gateway must not touch the first one's store.
+        running = fetch(cfg.health.host, cfg.health.port, timeout=2.0)
+    except (OSError, ValueError):
+        running = None
+    if running is not None:
+        print(
+            f"pubcomp gateway run: gateway {running.get('gateway')} already answers on health "
+            f"port {cfg.health.port}: {again} (see {see})",
+            file=sys.stderr,
+        )
+        return 1
     try:
         return run(cfg)
     except IngressConfigError as exc:
         print(f"pubcomp gateway run: {args.config}: gateways.{cfg.id}.{exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        port = _port_in_use(exc)
+        if port is None:
+            raise
+        what = _listeners(cfg).get(port, "a listener")
+        print(
+            f"pubcomp gateway run: port {port} ({what}) is already in use: {again}, "
+            f"or another program holds the port (see {see}; `ss -ltnp sport = :{port}`)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def status(args: argparse.Namespace) -> int:
+    from .status import EXIT_NOT_RUNNING, EXIT_USAGE, fetch, not_running_hint, render, verdict
+
     cfg = _load(args)
     if cfg is None:
-        return 1
-    from .status import fetch, not_running_hint, render
+        return EXIT_USAGE
 
     try:
         snap = fetch(cfg.health.host, cfg.health.port)
     except (OSError, ValueError) as exc:
         print(f"pubcomp status: {cfg.id}: {exc}", file=sys.stderr)
         print(not_running_hint(cfg.store.path), file=sys.stderr)
-        return 3  # as `systemctl status` says "not running"
+        return EXIT_NOT_RUNNING  # as `systemctl status` says "not running"
     print(json.dumps(snap, indent=2) if args.json else render(snap))
-    return 0 if snap["healthy"] else 1
+    return verdict(snap)[2]
 
 
 def hash_password(args: argparse.Namespace) -> int:

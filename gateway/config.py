@@ -461,7 +461,10 @@ class Fleet:
         return [str(g) for g in self.gateways]
 
     def pick(self, gateway: str | None) -> str:
-        """``--gateway ID``, else this host's name."""
+        """``--gateway ID``, else this host's name, else the fleet's only gateway."""
+        if gateway is None and len(self.gateways) == 1:
+            host = socket.gethostname()
+            return host if host in self.gateways else next(iter(self.gateways))
         wanted = gateway or socket.gethostname()
         if wanted not in self.gateways:
             how = "--gateway" if gateway else "the host name (use --gateway ID)"

@@ -3,8 +3,7 @@
 A small HTTP/1.1 server on the gateway's event loop (one request per
 connection, GET and HEAD only): it needs nothing a web framework adds, and
 every byte it serves comes from ``Gateway.snapshot()``. The status page draws
-the backlog over the last hour as an inline SVG, so it needs no scripts and
-no files.
+the backlog as an inline SVG, so it needs no scripts and no files.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import html
 import json
 import logging
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -150,14 +150,15 @@ class HealthServer:
     def record(self, backlog: int, now: float | None = None) -> None:
         now = time.time() if now is None else now
         self.history.append((now, backlog))
-        while self.history and self.history[0][0] < now - 3600:
+        while self.history and self.history[0][0] < now - HISTORY_S:
             self.history.pop(0)
 
     async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5.0)
             method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
-            status, ctype, body = await self._route(method, target.split("?", 1)[0])
+            path, _, qs = target.partition("?")
+            status, ctype, body = await self._route(method, path, urllib.parse.parse_qs(qs))
             w.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 "Cache-Control: no-store\r\nConnection: close\r\n\r\n".encode()
@@ -174,7 +175,9 @@ class HealthServer:
         finally:
             w.close()
 
-    async def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
+    async def _route(
+        self, method: str, path: str, query: dict[str, list[str]]
+    ) -> tuple[str, str, bytes]:
         if method not in ("GET", "HEAD"):
             return "405 Method Not Allowed", "text/plain", b"GET only\n"
         if path == "/healthz":
@@ -189,30 +192,117 @@ class HealthServer:
             snap["backlog_history"] = self.history
             return "200 OK", "application/json", json.dumps(snap).encode()
         if path == "/":
-            page = status_page(await self.snapshot(), self.history, self.health())
+            span = query.get("span", ["fit"])[0]
+            page = status_page(await self.snapshot(), self.history, self.health(), span)
             return "200 OK", "text/html; charset=utf-8", page.encode()
         return "404 Not Found", "text/plain", b"not found\n"
 
 
-def backlog_svg(history: list[tuple[float, int]], now: float, width: int = 640) -> str:
-    """The backlog over the last hour as an SVG line chart."""
-    height, pad = 160, 40
-    top = max([b for _, b in history] + [1])
-    pts = " ".join(
-        f"{pad + (t - now + 3600) / 3600 * (width - pad - 8):.1f},"
-        f"{height - 20 - b / top * (height - 36):.1f}"
-        for t, b in history
+SPANS = {"fit": None, "10m": 600.0, "1h": 3600.0}  # the page's choice (?span=)
+HISTORY_S = 3600.0
+_PLOT_TOP, _PLOT_H = 8, 130  # the plot area inside the chart's SVG, in px
+
+
+def _nice_step(top: float, ticks: int = 4) -> int:
+    raw = max(top / ticks, 1.0)
+    mag = 10 ** len(str(int(raw))) // 10
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+
+
+def _time_step(span: float) -> float:
+    return next((s for s in (10, 15, 30, 60, 120, 300, 600, 900, 1800) if span / s <= 5), 3600)
+
+
+def fit_span(history: list[tuple[float, int]], now: float, outage: float | None) -> float:
+    """Seconds shown when the span is ``fit``: the last outage with room on both sides,
+    or the whole history of a young gateway (at least a minute, at most an hour)."""
+    first = history[0][0] if history else now
+    if outage is not None and outage >= now - HISTORY_S:
+        want = (now - outage) * 1.5 + 30
+    else:
+        want = now - first
+    return min(HISTORY_S, max(60.0, want))
+
+
+def backlog_svg(
+    history: list[tuple[float, int]],
+    now: float,
+    span: float = HISTORY_S,
+    outages: list[tuple[float, float]] | None = None,
+) -> str:
+    """The backlog over the last ``span`` seconds as an inline SVG that takes the page's width.
+
+    The data sit in a nested SVG stretched to the plot area (strokes keep their width);
+    labels are placed in percent, so text keeps its size at any width. Each of about
+    300 columns draws the highest sample it covers, so a peak is never smoothed away.
+    """
+    t0 = now - span
+    pts = [(t, b) for t, b in history if t >= t0]
+    before = [(t, b) for t, b in history if t < t0]
+    if before:
+        pts.insert(0, (t0, before[-1][1]))
+    peak = max((b for _, b in pts), default=0)
+    step = _nice_step(max(peak, 10))
+    top = max(step * -(-max(peak, 10) // step), step)
+    cols: dict[int, tuple[float, int]] = {}
+    for t, b in pts:
+        c = int((t - t0) / span * 300)
+        if c not in cols or b > cols[c][1]:
+            cols[c] = (t, b)
+    xy = [((t - t0) / span * 1000, 1000 - b / top * 1000) for t, b in sorted(cols.values())]
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+    area = f"{xy[0][0]:.1f},1000 {line} {xy[-1][0]:.1f},1000" if xy else ""
+    shade = "".join(
+        f'<rect class="outage" x="{max(a - t0, 0) / span * 1000:.1f}" y="0" '
+        f'width="{(min(b, now) - max(a, t0)) / span * 1000:.1f}" height="1000"/>'
+        for a, b in outages or []
+        if b > t0
     )
+    grid, ylab = "", ""
+    for v in range(0, top + 1, step):
+        y = 1000 - v / top * 1000
+        grid += f'<line class="grid" x1="0" x2="1000" y1="{y:.1f}" y2="{y:.1f}"/>'
+        py = _PLOT_TOP + _PLOT_H * (1 - v / top)
+        ylab += f'<text class="ytick" x="-6" y="{py + 4:.1f}" text-anchor="end">{v:,}</text>'
+    tstep = _time_step(span)
+    fmt = "%H:%M" if tstep >= 60 else "%H:%M:%S"
+    xlab = ""
+    t = (t0 // tstep + 1) * tstep
+    i = 0
+    while t <= now:
+        i += 1
+        pct = (t - t0) / span * 100
+        anchor = "start" if pct < 6 else "end" if pct > 94 else "middle"
+        bottom = _PLOT_TOP + _PLOT_H
+        xlab += (
+            f'<line class="tick" x1="{pct:.2f}%" x2="{pct:.2f}%" y1="{bottom}" y2="{bottom + 5}"/>'
+            f'<text class="xtick{"" if i % 2 else " even"}" x="{pct:.2f}%" y="{bottom + 18}" '
+            f'text-anchor="{anchor}">'
+            f"{time.strftime(fmt, time.localtime(t))}</text>"
+        )
+        t += tstep
+    data = (
+        f'<polygon class="area" points="{area}"/><polyline class="line" points="{line}"/>'
+        if xy
+        else ""
+    )
+    label = f"backlog in readings, {_span_text(span)} to {time.strftime('%H:%M:%S')}, peak {peak:,}"
     return (
-        f'<svg width="{width}" height="{height}" role="img" aria-label="backlog, last hour">'
-        f'<rect x="{pad}" y="16" width="{width - pad - 8}" height="{height - 36}" '
-        'fill="#f7f7f7" stroke="#ccc"/>'
-        f'<text x="{pad - 4}" y="22" font-size="11" text-anchor="end">{top:,}</text>'
-        f'<text x="{pad - 4}" y="{height - 20}" font-size="11" text-anchor="end">0</text>'
-        f'<text x="{pad}" y="{height - 4}" font-size="11">60 min ago</text>'
-        f'<text x="{width - 8}" y="{height - 4}" font-size="11" text-anchor="end">now</text>'
-        f'<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{pts}"/></svg>'
+        f'<svg id="backlog-chart" class="chart" width="100%" height="{_PLOT_TOP + _PLOT_H + 24}" '
+        f'role="img" aria-label="{label}" data-peak="{peak}" data-top="{top}" '
+        f'data-span="{span:.0f}">'
+        f'<svg x="0" y="{_PLOT_TOP}" width="100%" height="{_PLOT_H}" viewBox="0 0 1000 1000" '
+        f'preserveAspectRatio="none"><rect class="plot" x="0" y="0" width="1000" height="1000"/>'
+        f"{shade}{grid}{data}</svg>{ylab}{xlab}</svg>"
     )
+
+
+def _span_text(span: float) -> str:
+    if span < 120:
+        return f"last {span:.0f} s"
+    if span < 7200:
+        return f"last {span / 60:.0f} min"
+    return f"last {span / 3600:.0f} h"
 
 
 def _rows(pairs: Iterable[tuple[str, Any]]) -> str:
@@ -221,30 +311,93 @@ def _rows(pairs: Iterable[tuple[str, Any]]) -> str:
     )
 
 
-def status_page(
-    snap: dict[str, Any], history: list[tuple[float, int]], health: tuple[bool, list[str]]
-) -> str:
-    from .status import node_rows, sensor_rows, summary_pairs
+def _table(tid: str, header: list[str], rows: list[list[str]], empty: str) -> str:
+    if not rows:
+        return f'<p id="{tid}" class="empty">{html.escape(empty)}</p>'
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f'<div class="scroll"><table id="{tid}"><tr>{head}</tr>{body}</table></div>'
 
-    ok, why = health
-    sensors = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-        for row in sensor_rows(snap)
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1em auto;padding:0 1em;max-width:60em;color:#222}
+h1{font-size:1.4em;overflow-wrap:anywhere}h2{font-size:1.1em;margin:1.2em 0 .3em}
+.verdict{font-size:1.15em;font-weight:bold;padding:.6em .8em;border-radius:4px;margin:.5em 0}
+.verdict.ok{background:#e3f4e3;border-left:6px solid #2a8a2a}
+.verdict.down{background:#fff0d6;border-left:6px solid #d98200}
+.verdict.unhealthy{background:#fde2e2;border-left:6px solid #c0392b}
+.note{color:#555;margin:.2em 0;font-size:.9em}
+.scroll{overflow-x:auto}table{border-collapse:collapse}
+td,th{padding:2px 10px 2px 0;text-align:left;vertical-align:top}
+th{color:#555;font-weight:normal;white-space:nowrap}
+#summary td{overflow-wrap:anywhere}
+.chartbox{padding-left:3.2em;margin:.3em 0 .2em}
+svg.chart{overflow:visible;display:block;font-size:11px}
+.plot{fill:#f7f7f7}.grid{stroke:#ddd;vector-effect:non-scaling-stroke}
+.line{fill:none;stroke:#1f77b4;stroke-width:2;vector-effect:non-scaling-stroke}
+.area{fill:#1f77b4;fill-opacity:.15}.outage{fill:#d98200;fill-opacity:.15}
+.tick{stroke:#999}.empty{color:#555;font-style:italic}
+@media (max-width:600px){.xtick.even{display:none}}
+"""
+
+
+def status_page(
+    snap: dict[str, Any],
+    history: list[tuple[float, int]],
+    health: tuple[bool, list[str]] | None = None,
+    span: str = "fit",
+) -> str:
+    from .status import hms, node_rows, sensor_rows, summary_pairs, verdict
+
+    now = snap["time"]
+    level, headline, _ = verdict(snap)
+    up = snap["uplink"]
+    outages = []
+    if up.get("last_outage"):
+        outages.append((up["last_outage"]["from"], up["last_outage"]["to"]))
+    if up.get("down_since") is not None and up["state"] != "connected":
+        outages.append((up["down_since"], now))
+    begun = max((a for a, _ in outages), default=None)
+    # The chart ends at this snapshot's backlog, so its right edge is "now".
+    history = [*history, (now, up["backlog"])]
+    seconds = SPANS.get(span) or fit_span(history, now, begun)
+    chosen = span if span in SPANS else "fit"
+    choice = " · ".join(
+        f"<b>{name}</b>" if name == chosen else f'<a href="?span={name}">{name}</a>'
+        for name in SPANS
     )
-    nodes = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-        for row in node_rows(snap)
-    )
+    peak = max((b for t, b in history if t >= now - seconds), default=0)
+    peak_at = next((t for t, b in history if t >= now - seconds and b == peak), None)
+    if peak:
+        about = f"peak {peak:,} readings at {hms(peak_at)}"
+    else:
+        about = "no backlog: every reading was delivered as it came"
     title = html.escape(f"pubcomp gateway {snap['gateway']}")
-    state = "healthy" if ok else "UNHEALTHY: " + "; ".join(why)
-    return f"""<!doctype html><html><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="10"><title>{title}</title>
-<style>body{{font-family:sans-serif;margin:1.5em}}td,th{{padding:2px 10px;text-align:left}}
-th{{color:#555;font-weight:normal}}</style></head><body>
-<h1>{title}</h1><p><b>{html.escape(state)}</b></p>
-<h2>Backlog, last hour</h2>{backlog_svg(history, time.time())}
-<table>{_rows(summary_pairs(snap))}</table>
-<h2>Sensors</h2><table><tr><th>sensor</th><th>state</th><th>last value</th><th>readings</th>
-<th>faults</th><th>restarts</th></tr>{sensors}</table>
-<h2>Nodes</h2><table><tr><th>node</th><th>connected</th><th>last seen</th><th>messages</th>
-<th>rejected</th></tr>{nodes}</table></body></html>"""
+    sensors = _table(
+        "sensors",
+        ["sensor", "state", "last value", "readings", "faults", "restarts"],
+        sensor_rows(snap),
+        "No sensors in this gateway's section of the fleet file.",
+    )
+    nodes = _table(
+        "nodes",
+        ["node", "connected", "last seen", "messages", "rejected"],
+        node_rows(snap),
+        "No nodes in this gateway's section of the fleet file (or its ingress is off).",
+    )
+    drawn = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="refresh" content="10"><title>{title}</title><style>{_CSS}</style></head><body>
+<h1>{title}</h1>
+<p id="verdict" class="verdict {level}">{html.escape(headline)}</p>
+<p id="drawn" class="note">Drawn {drawn} by the gateway; reloads every 10 s.</p>
+<h2>Backlog: readings waiting, {_span_text(seconds)}</h2>
+<p class="note">Span: {choice}. Sampled every 2 s and at each reconnection; {about}.</p>
+<div class="chartbox">{backlog_svg(history, now, seconds, outages)}</div>
+<table id="summary">{_rows(summary_pairs(snap))}</table>
+<h2>Sensors</h2>{sensors}
+<h2>Nodes</h2>{nodes}
+</body></html>"""

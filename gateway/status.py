@@ -6,8 +6,17 @@ The same rows feed the status page, so the terminal and the browser agree.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from typing import Any
+
+# ``pubcomp status`` exit codes (docs/operations.md, "Reading status").
+EXIT_OK = 0  # running, healthy, delivering
+EXIT_UNHEALTHY = 1  # running, but a task died or the store does not answer
+EXIT_USAGE = 2  # bad arguments or fleet file (argparse uses 2 as well)
+EXIT_NOT_RUNNING = 3  # nothing answers on the health port
+EXIT_NOT_DELIVERING = 4  # running, but the uplink is down or stalled: readings wait on disk
+STALL_S = 60.0  # connected with messages in flight, and nothing delivered for this long
 
 
 def _age(t: float | None, now: float) -> str:
@@ -30,7 +39,73 @@ def _duration(s: float | None) -> str:
 
 
 def _mb(n: float | None) -> str:
-    return "-" if n is None else f"{n / 1e6:,.1f} MB"
+    """Bytes as MB, or GB from 10 GB on (80,498.2 MB reads better as 80.5 GB)."""
+    if n is None:
+        return "-"
+    if n >= 10e9:
+        return f"{n / 1e9:,.1f} GB"
+    return f"{n / 1e6:,.1f} MB"
+
+
+def hms(t: float | None) -> str:
+    """A wall time as the gateway's local HH:MM:SS."""
+    return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def verdict(snap: dict[str, Any]) -> tuple[str, str, int]:
+    """(level, headline, exit code) for the top of the page and of ``pubcomp status``.
+
+    level is ``ok``, ``down`` (running but not delivering) or ``unhealthy``.
+    """
+    up, now = snap["uplink"], snap["time"]
+    held = f"{up['backlog']:,} readings held safely on disk"
+    if not snap["healthy"]:
+        why = "; ".join(snap.get("health_problems") or []) or "see the gateway's log"
+        return "unhealthy", f"UNHEALTHY: {why}", EXIT_UNHEALTHY
+    if up["state"] != "connected":
+        since = up.get("down_since") or now
+        if up.get("last_error_at") is None and up["state"] in ("starting", "connecting"):
+            head = f"uplink connecting (since {hms(since)}, {_duration(now - since)})"
+        else:
+            head = f"uplink DOWN since {hms(since)} ({_duration(now - since)})"
+        return "down", f"{head}, {held}", EXIT_NOT_DELIVERING
+    last = max(up.get("last_delivery_at") or 0, up.get("connected_since") or 0)
+    if up["inflight_messages"] and now - last > STALL_S:
+        return (
+            "down",
+            f"uplink STALLED: connected, but nothing delivered for {_duration(now - last)}, {held}",
+            EXIT_NOT_DELIVERING,
+        )
+    head = f"OK, delivering: uplink connected since {hms(up.get('connected_since'))}"
+    outage, catch, drain = up.get("last_outage"), up.get("catch_up"), up.get("last_drain")
+    if outage and now - outage["to"] < 3600:
+        head = (
+            f"OK, delivering again: uplink back since {hms(outage['to'])} "
+            f"after {_duration(outage['to'] - outage['from'])} down"
+        )
+    if catch:
+        eta = up.get("eta_s")
+        head += f", sending the {catch['backlog']:,} readings held" + (
+            f" (ETA {_duration(eta)})" if eta is not None else ""
+        )
+    elif drain and now - drain["at"] < 3600:
+        head += (
+            f"; the {drain['readings']:,} readings held were delivered "
+            f"in {drain['seconds']:g} s (by {hms(drain['at'])})"
+        )
+    return "ok", f"{head}; backlog {up['backlog']:,}", EXIT_OK
+
+
+def last_error(up: dict[str, Any], now: float) -> str:
+    """The uplink's last error with its time, marked as past once the uplink is back."""
+    text, at = up.get("last_error_text"), up.get("last_error_at")
+    if not text or at is None:
+        return up.get("last_error") or "-"
+    when = f"{hms(at)} ({_duration(now - at)} ago)"
+    back = up.get("connected_since")
+    if up["state"] == "connected" and back is not None and back >= at:
+        return f"past: {when}, resolved {hms(back)}: {text}"
+    return f"{when}: {text}"
 
 
 def _num(v: float | None) -> str:
@@ -38,15 +113,20 @@ def _num(v: float | None) -> str:
 
 
 def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
-    up, st, clk = snap["uplink"], snap["store"], snap["clock"]
+    up, st, clk, now = snap["uplink"], snap["store"], snap["clock"], snap["time"]
     eta = up.get("eta_s")
+    connected = up["state"] == "connected"
+    if connected:
+        since = f"since {hms(up.get('connected_since'))}"
+    else:
+        since = f"DOWN since {hms(up.get('down_since'))}"
     return [
         ("gateway", f"{snap['gateway']} (fleet {snap['fleet']}), up {_duration(snap['uptime_s'])}"),
-        ("health", "ok" if snap["healthy"] else "UNHEALTHY"),
-        ("uplink", f"{up['state']} to {up['broker']} (QoS {up['qos']})"),
+        ("health", "ok (tasks and store)" if snap["healthy"] else "UNHEALTHY"),
+        ("uplink", f"{up['state']} {since}, to {up['broker']} (QoS {up['qos']})"),
         ("backlog", f"{up['backlog']:,} readings, {up['inflight_messages']} messages in flight"),
         ("oldest", _duration(up["oldest_age_s"])),
-        ("drain rate", f"{up['drain_rate']:,.1f} readings/s"),
+        ("drain rate", f"{up['drain_rate']:,.1f} readings/s" if connected else "- (not connected)"),
         ("ETA", _duration(eta) if eta is not None else "-"),
         ("delivered", f"{up['delivered']:,} readings since start"),
         ("clock", f"{clk['source']}" + ("" if clk["synced"] else " (readings flagged unsynced)")),
@@ -57,7 +137,7 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
             + f", disk free {_mb(st['disk_free_bytes'])}",
         ),
         ("flash", _flash(snap.get("flash"))),
-        ("last error", up.get("last_error") or "-"),
+        ("last error", last_error(up, now)),
     ]
 
 
@@ -112,7 +192,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def render(snap: dict[str, Any]) -> str:
     pairs = summary_pairs(snap)
     width = max(len(k) for k, _ in pairs)
-    out = [f"{k:<{width}}  {v}" for k, v in pairs]
+    out = [verdict(snap)[1], ""] + [f"{k:<{width}}  {v}" for k, v in pairs]
     if snap["sensors"]:
         hdr = ["sensor", "state", "last value", "readings", "faults", "restarts"]
         out += ["", table(hdr, sensor_rows(snap))]

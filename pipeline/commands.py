@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
+import sys
 from pathlib import Path
 
 from pubcomp.sync.commands import uplink_options
@@ -30,7 +32,32 @@ def ingest_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# Directories a warehouse made by `pubcomp pipeline run` holds (pipeline/job.py).
+WAREHOUSE_MARKS = ("readings", "_checkpoint", "_runs")
+
+
+def _local(location: str) -> Path | None:
+    """The local directory a --landing or --warehouse names; None for a cluster URL."""
+    if location.startswith("file://"):
+        return Path(location.removeprefix("file://"))
+    return None if "://" in location else Path(location)
+
+
+def _fail(command: str, text: str) -> int:
+    print(f"pubcomp pipeline {command}: {text}", file=sys.stderr)
+    return 2
+
+
 def pipeline_run(args: argparse.Namespace) -> int:
+    # Checked before Spark starts: a missing directory otherwise ends in 28 lines of Java.
+    landing = _local(args.landing)
+    if landing is not None and not landing.is_dir():
+        what = "is not a directory" if landing.exists() else "does not exist"
+        return _fail(
+            "run",
+            f"landing {args.landing} {what}; pass the directory `pubcomp ingest run "
+            f"--landing` writes to",
+        )
     from .job import run
 
     summary = run(args.landing, args.warehouse, args.master)
@@ -39,6 +66,24 @@ def pipeline_run(args: argparse.Namespace) -> int:
 
 
 def pipeline_report(args: argparse.Namespace) -> int:
+    wh = _local(args.warehouse)
+    if wh is not None and not (wh.is_dir() and any((wh / m).is_dir() for m in WAREHOUSE_MARKS)):
+        what = "does not exist" if not wh.exists() else "is not a warehouse (no readings/ in it)"
+        near = (
+            [p.name for p in wh.parent.glob("*") if p.is_dir() and p != wh]
+            if wh.parent.is_dir()
+            else []
+        )
+        close = difflib.get_close_matches(wh.name, near, n=1)
+        hint = f" (did you mean {wh.parent / close[0]}?)" if close else ""
+        return _fail(
+            "report",
+            f"warehouse {args.warehouse} {what}{hint}; pass the --warehouse "
+            "`pubcomp pipeline run` wrote to",
+        )
+    out_dir = Path(args.out).resolve().parent
+    if not out_dir.is_dir():
+        return _fail("report", f"--out {args.out}: directory {out_dir} does not exist")
     from .job import spark_session
     from .report import write
 

@@ -10,6 +10,7 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)   # verifies the u
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)   # Spark (pipeline/)
 command -v node >/dev/null 2>&1 || need+=(nodejs)   # MicroPython's WebAssembly port (firmware tests)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)   # the status page's browser test (--headless)
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)   # the power-cut test file system
 [ -e /usr/lib/x86_64-linux-gnu/libfuse3.so.3 ] || ldconfig -p 2>/dev/null | grep -q libfuse3.so.3 || need+=(libfuse3-3)
 

@@ -707,6 +707,12 @@ class Store:
         established, last = (bool(row[0]), row[1]) if row else (False, 0)
         return established, last, [Message(*m) for m in msgs]
 
+    def oldest_seq(self) -> float:
+        """The seq of the oldest waiting reading (an index look-up); infinity if none waits."""
+        with self._rlock:
+            row = self._rdb.execute("SELECT MIN(seq) FROM outbox").fetchone()
+        return float("inf") if row[0] is None else row[0]
+
     def high_seq(self) -> int:
         """Readings above this seq wait in the outbox; those at or below belong to messages."""
         with self._rlock:

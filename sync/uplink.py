@@ -18,8 +18,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import logging
+import socket
+import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,26 +90,97 @@ class UplinkConfig:
 class UplinkStatus:
     state: str = "starting"
     connected_since: float | None = None
-    last_error: str | None = None
+    # Not connected since (wall time): the gateway's start, or the connection's loss.
+    down_since: float | None = field(default_factory=time.time)
+    last_error: str | None = None  # as raised: "ConnectionRefusedError: [Errno 111] ..."
+    last_error_text: str | None = None  # the same as a sentence for an operator
+    last_error_at: float | None = None
     qos_in_use: int | None = None
     receive_maximum: int | None = None
     delivered: int = 0
+    last_delivery_at: float | None = None
+    # The backlog found at the last connection, until it is delivered; then the drain.
+    catch_up: dict[str, Any] | None = None
+    last_drain: dict[str, Any] | None = None
+    last_outage: dict[str, float] | None = None  # {"from", "to"}: the last time it was down
     ignored: collections.Counter[str] = field(default_factory=collections.Counter)
     _rate_window: collections.deque[tuple[float, int]] = field(
         default_factory=lambda: collections.deque(maxlen=600)
     )
+    _connected_mono: float | None = None
 
     def record_delivery(self, n: int) -> None:
         self.delivered += n
+        self.last_delivery_at = time.time()
         self._rate_window.append((time.monotonic(), self.delivered))
 
+    def record_connected(self) -> None:
+        self._connected_mono = time.monotonic()
+        self._rate_window.append((self._connected_mono, self.delivered))
+
+    def record_down(self) -> None:
+        self._connected_mono = None
+        self.connected_since = None
+        if self.down_since is None:
+            self.down_since = time.time()
+
     def drain_rate(self, horizon: float = 30.0) -> float:
-        """Readings per second delivered over the last ``horizon`` seconds."""
-        now = time.monotonic()
-        pts = [(t, d) for t, d in self._rate_window if now - t <= horizon]
-        if len(pts) < 2 or pts[-1][0] == pts[0][0]:
+        """Readings per second delivered over the last ``horizon`` seconds of this connection.
+
+        Deliveries from before an outage do not count: while the uplink is down the
+        rate is 0, and after it connects again the window starts at the connection.
+        """
+        if self._connected_mono is None:
             return 0.0
-        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+        now = time.monotonic()
+        start = max(now - horizon, self._connected_mono)
+        if now - start < 1.0:
+            return 0.0  # too soon after connecting to say
+        base = next((d for t, d in reversed(self._rate_window) if t <= start), None)
+        if base is None:
+            base = next((d for t, d in self._rate_window if t >= start), self.delivered)
+        return (self.delivered - base) / (now - start)
+
+
+def explain(exc: BaseException, url: BrokerURL, connect_timeout: float | None = None) -> str:
+    """What went wrong with the uplink, as a sentence an operator can act on."""
+    where = f"{url.host}:{url.port}"
+    if isinstance(exc, ConnectRefused):
+        if exc.code in (0x04, 0x05, 0x86, 0x87, 0x8C):
+            return (
+                f"the broker at {where} refused our credentials or client id ({exc}); "
+                "check uplink.username, the password file and the broker's ACL"
+            )
+        return f"the broker at {where} refused the connection ({exc})"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the broker's TLS certificate at {where} was not accepted "
+            f"({exc.verify_message}); check uplink.ca_file"
+        )
+    if isinstance(exc, ssl.SSLError):
+        why = exc.reason or exc
+        return f"the TLS handshake with {where} failed ({why}); check the uplink's TLS settings"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"nothing accepts connections at {where}: the broker is down or not listening there"
+    if isinstance(exc, socket.gaierror):
+        return f"the broker's host name {url.host!r} does not resolve (DNS, or no network)"
+    if isinstance(exc, TimeoutError):
+        limit = f" within {connect_timeout:g} s" if connect_timeout else ""
+        return f"no answer from {where}{limit}: the network or a firewall drops the packets"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+        return f"no route to {where}: the gateway's network is down"
+    if isinstance(exc, ConnectionClosed):
+        why = str(exc)
+        if why.startswith("keepalive"):
+            return f"the broker at {where} stopped answering (keepalive timeout): the link dropped"
+        if why.startswith("broker sent DISCONNECT"):
+            return f"the broker at {where} disconnected us ({why.removeprefix('broker sent ')})"
+        return f"the connection to {where} was closed ({why})"
+    if isinstance(exc, OSError):
+        return f"the connection to {where} failed: {exc.strerror or exc}"
+    if isinstance(exc, ProtocolError):
+        return f"the broker at {where} sent something that is not valid MQTT ({exc})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class Uplink:
@@ -133,6 +208,8 @@ class Uplink:
         self._head = payload_head(store.gateway_id)
         self._wakeup = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Called with the backlog found on each connection: the top of an outage's peak.
+        self.on_connect: Callable[[int], None] | None = None
         store.add_listener(self._on_new_readings)
 
     # ------------------------------------------------------------ public
@@ -165,13 +242,14 @@ class Uplink:
                 if drained or stop.is_set():
                     return
             except ConnectRefused as exc:
-                self._failed(str(exc))
+                self._failed(str(exc), exc)
             except (ConnectionClosed, OSError, TimeoutError, ProtocolError, SessionError) as exc:
-                self._failed(f"{type(exc).__name__}: {exc}")
+                self._failed(f"{type(exc).__name__}: {exc}", exc)
             # Before the session is read again: every transition of the last connection
             # (lazy PUBCOMPs included) is committed, or failed and is not in the store.
             with contextlib.suppress(Exception):
                 await self.commits.flush()
+            self.status.record_down()
             delay = backoff.next_delay()
             self.status.state = "backoff"
             with contextlib.suppress(TimeoutError):
@@ -180,22 +258,38 @@ class Uplink:
     def metrics(self, st: dict[str, Any] | None = None) -> dict[str, Any]:
         """The uplink's figures; ``st`` is a fresh ``store.stats()`` if the caller has one."""
         st = st or self.store.stats()
-        rate = self.status.drain_rate()
+        status = self.status
+        connected = status.state == "connected"
+        rate = status.drain_rate() if connected else 0.0
         backlog = st["backlog"]
         return {
-            "state": self.status.state,
+            "state": status.state,
             "broker": str(self.url),
-            "qos": self.status.qos_in_use or self.cfg.qos,
-            "receive_maximum": self.status.receive_maximum,
+            "qos": status.qos_in_use or self.cfg.qos,
+            "receive_maximum": status.receive_maximum,
             "backlog": backlog,
             "oldest_age_s": st["oldest_age_s"],
             "inflight_messages": st["inflight_messages"],
             "drain_rate": round(rate, 1),
-            "eta_s": round(backlog / rate, 1) if rate > 0 and backlog else None,
-            "delivered": self.status.delivered,
+            # Only while a held backlog drains: a rate left from before an outage, or the
+            # steady flow of a caught-up uplink, promises nothing about an end.
+            "eta_s": (
+                round(backlog / rate, 1)
+                if connected and status.catch_up and rate > 0 and backlog
+                else None
+            ),
+            "delivered": status.delivered,
+            "last_delivery_at": status.last_delivery_at,
+            "connected_since": status.connected_since,
+            "down_since": None if connected else status.down_since,
+            "catch_up": status.catch_up,
+            "last_drain": status.last_drain,
+            "last_outage": status.last_outage,
             "resent_after_session_loss": st["counters"].get("resent_after_session_loss", 0),
             "refused_by_broker": st["counters"].get("refused_by_broker", 0),
             "dead_letter": st["dead_letter"],
+            "last_error_text": status.last_error_text,
+            "last_error_at": status.last_error_at,
             "last_error": self.status.last_error,
         }
 
@@ -213,10 +307,53 @@ class Uplink:
             pass
         loop.call_soon_threadsafe(self._wakeup.set)
 
-    def _failed(self, why: str) -> None:
-        self.status.last_error = why
-        self.status.connected_since = None
-        log.warning("uplink to %s: %s", self.url, why)
+    def _failed(self, why: str, exc: BaseException) -> None:
+        st = self.status
+        st.last_error = why
+        st.last_error_text = explain(exc, self.url, self.opts.connect_timeout)
+        st.last_error_at = time.time()
+        st.record_down()
+        log.warning("uplink to %s: %s (%s)", self.url, st.last_error_text, why)
+
+    async def _connected(self) -> None:
+        """Count the backlog found on connecting; log a line if the uplink was down."""
+        st = self.status
+        stats = await asyncio.to_thread(self.store.stats)
+        backlog, down = stats["backlog"], st.down_since
+        st.catch_up = None
+        # A backlog worth a line when it is gone: held through an outage or a restart
+        # (more than a batch), not the few readings a short batch lingers with.
+        if backlog and (
+            (down is not None and st.last_error_at is not None) or backlog > self.cfg.batch
+        ):
+            st.catch_up = {
+                "since": time.time(),
+                "backlog": backlog,
+                "up_to_seq": self.store.last_seq(),
+                "delivered_before": st.delivered,
+            }
+        if self.on_connect is not None:
+            self.on_connect(backlog)
+        if down is not None and st.last_error_at is not None:
+            st.last_outage = {"from": down, "to": time.time()}
+            log.info(
+                "uplink to %s connected again after %.0f s down; %d readings waiting",
+                self.url,
+                time.time() - down,
+                backlog,
+            )
+        st.down_since = None
+
+    def _check_drained(self) -> None:
+        """Once the readings waiting at the connection are all delivered: log the drain."""
+        c = self.status.catch_up
+        if c is None or self.store.oldest_seq() <= c["up_to_seq"]:
+            return
+        now = time.time()
+        took = now - c["since"]
+        self.status.catch_up = None
+        self.status.last_drain = {"at": now, "readings": c["backlog"], "seconds": round(took, 1)}
+        log.info("backlog drained: %d readings delivered in %.1f s", c["backlog"], took)
 
     async def _open(self) -> tuple[Connection, bool, int, int]:
         """Connect; returns (connection, session_present, receive max, max QoS)."""
@@ -298,6 +435,8 @@ class Uplink:
             max_bytes = min(max_bytes, conn.broker_max_packet_size - _PUBLISH_OVERHEAD)
         self.status.state = "connected"
         self.status.connected_since = time.time()
+        self.status.record_connected()
+        await self._connected()
         self.status.receive_maximum = session.receive_maximum
         self.status.qos_in_use = qos
         return _Link(self, conn, session, messages, resume.resend, qos, max_bytes)
@@ -452,6 +591,7 @@ class _Link:
     def _delivered(self, done: asyncio.Future[int]) -> None:
         if not done.cancelled() and done.exception() is None and done.result():
             self.up.status.record_delivery(done.result())
+            self.up._check_drained()
 
     async def read_acks(self, pkts: list[Any]) -> None:
         """Commit what the acknowledgements say in one transaction, then answer."""

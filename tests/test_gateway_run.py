@@ -108,7 +108,8 @@ def test_health_metrics_and_status(tmp_path: Path, mosquitto: Mosquitto) -> None
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
         assert any(
-            re.match(r"uplink\s+connected to mqtt://127\.0\.0\.1:\d+ \(QoS 2\)", x) for x in lines
+            re.match(r"uplink\s+connected since [\d:]{8}, to mqtt://127\.0\.0\.1:\d+ \(QoS 2\)", x)
+            for x in lines
         )
         assert any(re.match(r"backlog\s+\d+ readings", x) for x in lines)
         assert any(
