@@ -101,6 +101,8 @@ class Node(threading.Thread):
         if auth:
             self.c.username_pw_set(name, PASSWORD)
         self.c.on_publish = self._on_publish
+        self.connected = threading.Event()
+        self.c.on_connect = lambda *_: self.connected.set()
         self.c.connect("127.0.0.1", port, keepalive=30)
         self.c.loop_start()
 
@@ -211,8 +213,13 @@ class Disk:
 
 
 def drive(port: int, shape: Shape, seconds: float, auth: bool) -> tuple[list[Node], float]:
+    nodes = [Node(f"node-{i:02d}", port, shape, 0.0, auth) for i in range(shape.nodes)]
+    for n in nodes:  # connected first: a password check at CONNECT is not a PUBACK's wait
+        if not n.connected.wait(30):
+            raise RuntimeError(f"{n.node} did not connect")
     until = time.monotonic() + seconds
-    nodes = [Node(f"node-{i:02d}", port, shape, until, auth) for i in range(shape.nodes)]
+    for n in nodes:
+        n.until = until
     t0 = time.monotonic()
     for n in nodes:
         n.start()
