@@ -5,13 +5,16 @@ tracks which landing files are new; each run is one job. In
 ``foreachBatch(df, batch_id)``, with dynamic partition overwrite on every
 write:
 
-- ``readings`` (Parquet, by date/hour/batch): the batch deduplicated by id,
-  minus ids already in earlier batches of the same hours, written to
-  ``batch=batch_id`` — so a replayed batch (a run killed after writing, before
-  the checkpoint committed) rewrites only itself;
-- ``rollup_1m`` recomputed from ``readings`` for the hours the batch touched;
-  ``rollup_1h`` from ``rollup_1m`` and ``rollup_1d`` from ``rollup_1h`` for the
-  dates it touched;
+- ``readings`` (Parquet, by date/hour/batch): one row per id over all of
+  history. The batch's first copy of each id is checked against ``seen_ids``
+  (the index of ids kept so far, bucketed by the id's origin/epoch): a copy
+  received after the kept one is dropped; one received before it displaces it
+  (its partition is rewritten without it). The batch's own rows go to
+  ``batch=batch_id``, so a replayed batch (a run killed after writing, before
+  the checkpoint committed) rewrites only itself and what it displaced;
+- ``rollup_1m`` recomputed from ``readings`` for the hours the batch changed
+  (its kept copies' and its displaced copies'); ``rollup_1h`` from
+  ``rollup_1m`` and ``rollup_1d`` from ``rollup_1h`` for those dates;
 - ``quarantine`` (by batch): lines that cannot be kept, with the reason;
 - ``quality`` (by batch): per origin and sensor, lines in, kept, duplicates
   removed, late and clock-flagged readings (what ``pubcomp pipeline report``
@@ -150,8 +153,7 @@ class Pipeline:
         s.readings_in += n_good
         s.quarantined = self._count_quarantined()
         candidates = T.first_copy_per_id(good)
-        buckets = sorted(r[0] for r in good.select(T.id_bucket(F.col("id"))).distinct().collect())
-        prior = self._seen(buckets, batch_id)
+        prior = self._seen(good, batch_id)
         displaced: DataFrame | None = None
         if prior is None:
             new = candidates
@@ -242,11 +244,16 @@ class Pipeline:
                 )
         return {b: sorted(g) for b, g in gens.items()}
 
-    def _seen(self, buckets: list[int], batch_id: int) -> DataFrame | None:
-        """The index of the given buckets as earlier batches left it (this batch's rows out)."""
+    def _seen(self, good: DataFrame, batch_id: int) -> DataFrame | None:
+        """The index of the buckets the batch's ids fall in, as earlier batches left it."""
         gens = self._seen_generations()
+        if not gens:  # the first batch: no scan of the batch for its buckets
+            return None
+        buckets = [r[0] for r in good.select(T.id_bucket(F.col("id"))).distinct().collect()]
         paths = [
-            f"{self.path('seen_ids')}/bucket={b}/gen={gens[b][-1]}" for b in buckets if b in gens
+            f"{self.path('seen_ids')}/bucket={b}/gen={gens[b][-1]}"
+            for b in sorted(buckets)
+            if b in gens
         ]
         if not paths:
             return None
@@ -255,6 +262,7 @@ class Pipeline:
             .option("basePath", self.path("seen_ids"))
             .parquet(*paths)
         )
+        # Without this batch's own rows: a replay decides as its first attempt did.
         return seen.where(F.col("batch") != batch_id).select(*T.SEEN_COLUMNS)
 
     def _write_seen(self, prior: DataFrame | None, new: DataFrame, batch_id: int) -> None:

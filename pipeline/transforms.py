@@ -227,13 +227,14 @@ def first_copy_per_id(readings: DataFrame) -> DataFrame:
 def id_bucket(id_col: Column) -> Column:
     """The seen-id bucket of an id: a hash of its ``{origin}/{epoch}`` prefix.
 
-    Ids are ``{origin}/{epoch}/{seq}`` (``{node}/{boot}/{seq}.{i}`` from nodes), so one
-    origin's epoch lands in one bucket and a batch touches the buckets of the
-    epochs it carries, not all of history. An id without a ``/`` hashes whole.
+    Ids are ``{origin}/{epoch}/{seq}`` (``{node}/{boot}/{seq}.{i}`` from nodes; an
+    origin never holds a ``/``, it is an MQTT topic level), so one origin's epoch
+    lands in one bucket and a batch touches the buckets of the epochs it carries,
+    not all of history. The prefix is the first two levels (an id with fewer
+    hashes whole): ``substring_index``, not a regular expression, on every row.
     """
-    prefix = F.regexp_extract(id_col, r"^(.*)/[^/]*$", 1)
-    key = F.when(prefix == "", id_col).otherwise(prefix)
-    return F.pmod(F.xxhash64(key), F.lit(SEEN_BUCKETS)).cast(IntegerType())
+    prefix = F.substring_index(id_col, "/", 2)
+    return F.pmod(F.xxhash64(prefix), F.lit(SEEN_BUCKETS)).cast(IntegerType())
 
 
 def _delay_s() -> Column:

@@ -40,7 +40,10 @@ TS = "'%Y-%m-%dT%H:%M:%S.%gZ'"
 NO_DELIM = "\x01"  # read each line whole, as one text column
 
 
-def build(landing: Path, con: duckdb.DuckDBPyConnection | None = None) -> duckdb.DuckDBPyConnection:
+def build(
+    landing: Path, con: duckdb.DuckDBPyConnection | None = None, *, quarantine: bool = True
+) -> duckdb.DuckDBPyConnection:
+    """Every table from the landing files (``quarantine=False``: all but quarantine)."""
     con = con or duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     files = f"{landing}/date=*/*.jsonl"
@@ -73,6 +76,22 @@ def build(landing: Path, con: duckdb.DuckDBPyConnection | None = None) -> duckdb
             ORDER BY coalesce(received, TIMESTAMP '9999-12-31'), coalesce(gateway, '')) = 1
         """
     )
+    for name, unit in (("rollup_1m", "minute"), ("rollup_1h", "hour"), ("rollup_1d", "day")):
+        con.execute(
+            f"""
+            CREATE OR REPLACE TABLE {name} AS
+            SELECT origin, sensor, date_trunc('{unit}', ts) AS window_start, {ROLLUP}
+            FROM readings WHERE value IS NOT NULL GROUP BY ALL
+            """
+        )
+    if quarantine:
+        build_quarantine(landing, con)
+    return con
+
+
+def build_quarantine(landing: Path, con: duckdb.DuckDBPyConnection) -> None:
+    """The lines that cannot be kept, with the first reason, from the raw text of every line."""
+    files = f"{landing}/date=*/*.jsonl"
     con.execute(
         rf"""
         CREATE OR REPLACE TABLE quarantine AS
@@ -109,15 +128,6 @@ def build(landing: Path, con: duckdb.DuckDBPyConnection | None = None) -> duckdb
         FROM fields WHERE reason IS NOT NULL
         """
     )
-    for name, unit in (("rollup_1m", "minute"), ("rollup_1h", "hour"), ("rollup_1d", "day")):
-        con.execute(
-            f"""
-            CREATE OR REPLACE TABLE {name} AS
-            SELECT origin, sensor, date_trunc('{unit}', ts) AS window_start, {ROLLUP}
-            FROM readings WHERE value IS NOT NULL GROUP BY ALL
-            """
-        )
-    return con
 
 
 def spark_table(con: duckdb.DuckDBPyConnection, warehouse: Path, table: str, cols: str) -> str:

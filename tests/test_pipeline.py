@@ -253,3 +253,28 @@ def test_a_run_killed_mid_batch_converges_when_rerun(spark: Any, tmp_path: Path)
     s = _run(spark, landing, wh)  # replays the batch: rewrites only its own partitions
     assert s["readings_written"] == 3_000 and s["duplicates_removed"] > 0
     _agrees(landing, wh)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["pipeline_readings_written", "pipeline_displaced_removed"])
+def test_a_run_killed_while_displacing_copies_converges_when_rerun(
+    spark: Any, tmp_path: Path, point: str
+) -> None:
+    """Killed after its own readings (before or after the displaced copies left their hour)."""
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    _land(landing, "run1", _clockless_node_copies(list(range(200)), t0 + timedelta(hours=2)))
+    _run(spark, landing, wh)
+    _land(landing, "run2", _clockless_node_copies(list(range(0, 200, 4)), t0, gateway="gw-z"))
+    cmd = [sys.executable, "-m", "pubcomp", "pipeline", "run", "--landing", str(landing)]
+    cmd += ["--warehouse", str(wh), "--master", "local[1]"]
+    env = {**os.environ, "PUBCOMP_CRASH_AT": point}
+    killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert list((wh / "readings").glob("date=*/hour=10/batch=1/*.parquet")), "killed too early"
+    s = _run(spark, landing, wh)  # replays batch 1
+    assert s["batches"] == [1] and s["readings_written"] == 50 and s["displaced"] == 50
+    readings = spark.read.parquet(str(wh / "readings"))
+    assert readings.count() == 200 and readings.select("id").distinct().count() == 200
+    assert _rollup_count(spark, wh, "rollup_1d") == 200
+    _agrees(landing, wh)
