@@ -127,40 +127,38 @@ class Pipeline:
 
     def batch(self, lines: DataFrame, batch_id: int) -> None:
         s = self.summary
-        lines = lines.withColumn("_file", F.input_file_name()).persist()
+        # One cache: the lines parsed once (every later step reads this, not the JSON).
+        parsed = T.parse_landing(lines).withColumn("_file", F.input_file_name()).persist()
         try:
-            counts = lines.agg(F.count(F.lit(1)), F.countDistinct("_file")).first()
-            n_lines, n_files = int(counts[0]), int(counts[1])  # type: ignore[index]
+            counts = parsed.agg(
+                F.count(F.lit(1)), F.countDistinct("_file"), F.count_if(F.col("reason").isNull())
+            ).first()
+            n_lines, n_files, n_good = (int(c) for c in counts)  # type: ignore[union-attr]
             if n_lines == 0:
                 return
             s.batches.append(batch_id)
             s.lines_in += n_lines
             s.files += n_files
-            parsed = T.parse_landing(lines.drop("_file"))
             bad = T.quarantined(parsed, batch_id)
             bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
-            good = T.valid_readings(parsed, batch_id).persist()
-            try:
-                self._readings(good, batch_id)
-            finally:
-                good.unpersist()
+            self._readings(T.valid_readings(parsed, batch_id), n_good, batch_id)
         finally:
-            lines.unpersist()
+            parsed.unpersist()
 
-    def _readings(self, good: DataFrame, batch_id: int) -> None:
+    def _readings(self, good: DataFrame, n_good: int, batch_id: int) -> None:
         s = self.summary
-        n_good = good.count()
         s.readings_in += n_good
         s.quarantined = self._count_quarantined()
         candidates = T.first_copy_per_id(good)
         prior = self._seen(good, batch_id)
         displaced: DataFrame | None = None
+        decided: DataFrame | None = None
         if prior is None:
-            new = candidates
+            new = candidates.persist()
         else:
-            new, displaced = T.against_seen(candidates, prior)
-            displaced = displaced.persist()
-        new = new.persist()
+            decided = T.against_seen(candidates, prior).persist()
+            new = T.winners(decided)
+            displaced = T.displaced(decided)
         try:
             n_new = new.count()
             n_displaced = 0 if displaced is None else int(displaced.count())
@@ -197,9 +195,7 @@ class Pipeline:
             if n_new:
                 self._drop_old_seen(batch_id)
         finally:
-            new.unpersist()
-            if displaced is not None:
-                displaced.unpersist()
+            (new if decided is None else decided).unpersist()
 
     def _rollups(self, hours: list[tuple[str, int]], new: DataFrame, batch_id: int) -> None:
         """Rollups of every hour the batch changed, from all of those hours' readings."""

@@ -266,26 +266,32 @@ def seen_rows(kept: DataFrame, batch: int) -> DataFrame:
     )
 
 
-def against_seen(candidates: DataFrame, seen: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """A batch's first copies against the index of earlier batches: (winners, displaced).
+def against_seen(candidates: DataFrame, seen: DataFrame) -> DataFrame:
+    """A batch's first copies against the index of earlier batches.
 
-    ``winners``: the candidates whose id was never kept before, or whose copy was
-    received before the kept one. ``displaced``: the index rows of the kept copies
-    those winners replace (to be removed from their hour). A candidate received
-    after the kept copy is in neither: it never reaches ``readings`` or a rollup.
+    Each candidate with ``kept`` (the index row of the copy kept so far, null for
+    an id never seen) and ``wins``: never seen, or received before the kept copy.
+    A candidate that does not win never reaches ``readings`` or a rollup.
     """
     order = copy_order(F.col("received"), F.col("gateway"))
     hit = seen.join(candidates.select("id"), "id", "left_semi")
     kept = hit.groupBy("id").agg(
-        F.min_by(F.struct(*[c for c in SEEN_COLUMNS if c != "id"]), order).alias("k")
+        F.min_by(F.struct(*[c for c in SEEN_COLUMNS if c != "id"]), order).alias("kept")
     )
-    joined = candidates.join(kept, "id", "left")
     beats = copy_order(F.col("received"), F.col("gateway")) < copy_order(
-        F.col("k.received"), F.col("k.gateway")
+        F.col("kept.received"), F.col("kept.gateway")
     )
-    winners = joined.where(F.col("k").isNull() | beats).select(*candidates.columns)
-    displaced = joined.where(F.col("k").isNotNull() & beats).select("id", "k.*")
-    return winners, displaced
+    return candidates.join(kept, "id", "left").withColumn("wins", F.col("kept").isNull() | beats)
+
+
+def winners(decided: DataFrame) -> DataFrame:
+    """The copies a batch keeps (``against_seen``'s winners, as ``readings`` rows)."""
+    return decided.where(F.col("wins")).drop("kept", "wins")
+
+
+def displaced(decided: DataFrame) -> DataFrame:
+    """The index rows of kept copies that a copy received before them replaces."""
+    return decided.where(F.col("wins") & F.col("kept").isNotNull()).select("id", "kept.*")
 
 
 def quality(

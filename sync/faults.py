@@ -35,7 +35,9 @@ POINTS = (
     "pubcomp_received",
     "ingest_landed",
     "ingest_committed",
+    "pipeline_seen_written",
     "pipeline_readings_written",
+    "pipeline_displaced_removed",
 )
 
 _target: str | None = None
