@@ -112,10 +112,11 @@ QUARANTINE_SCHEMA = StructType(
 )
 
 # The seen-id index: one row per copy a batch kept, in the bucket of its id's
-# ``{origin}/{epoch}`` prefix, one generation (``gen``: the batch that wrote it) per
-# bucket. ``late`` and ``clock`` let a later batch that displaces the copy correct
-# the quality counts without reading ``readings``.
-SEEN_BUCKETS = 1024
+# ``{origin}/{epoch}`` prefix (256 buckets, a file each: docs/pipeline.md), one
+# generation (``gen``: the batch that wrote it) per bucket. ``late`` and ``clock``
+# let a later batch that displaces the copy correct the quality counts without
+# reading ``readings``.
+SEEN_BUCKETS = 256
 SEEN_SCHEMA = StructType(
     [
         StructField("id", StringType(), False),
