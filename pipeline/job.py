@@ -5,13 +5,16 @@ tracks which landing files are new; each run is one job. In
 ``foreachBatch(df, batch_id)``, with dynamic partition overwrite on every
 write:
 
-- ``readings`` (Parquet, by date/hour/batch): the batch deduplicated by id,
-  minus ids already in earlier batches of the same hours, written to
-  ``batch=batch_id`` — so a replayed batch (a run killed after writing, before
-  the checkpoint committed) rewrites only itself;
-- ``rollup_1m`` recomputed from ``readings`` for the hours the batch touched;
-  ``rollup_1h`` from ``rollup_1m`` and ``rollup_1d`` from ``rollup_1h`` for the
-  dates it touched;
+- ``readings`` (Parquet, by date/hour/batch): one row per id over all of
+  history. The batch's first copy of each id is checked against ``seen_ids``
+  (the index of ids kept so far, bucketed by the id's origin/epoch): a copy
+  received after the kept one is dropped; one received before it displaces it
+  (its partition is rewritten without it). The batch's own rows go to
+  ``batch=batch_id``, so a replayed batch (a run killed after writing, before
+  the checkpoint committed) rewrites only itself and what it displaced;
+- ``rollup_1m`` recomputed from ``readings`` for the hours the batch changed
+  (its kept copies' and its displaced copies'); ``rollup_1h`` from
+  ``rollup_1m`` and ``rollup_1d`` from ``rollup_1h`` for those dates;
 - ``quarantine`` (by batch): lines that cannot be kept, with the reason;
 - ``quality`` (by batch): per origin and sensor, lines in, kept, duplicates
   removed, late and clock-flagged readings (what ``pubcomp pipeline report``
@@ -49,6 +52,7 @@ class RunSummary:
     readings_in: int = 0
     duplicates_removed: int = 0
     readings_written: int = 0
+    displaced: int = 0  # kept copies replaced by a copy of the same id received before them
     quarantined: int = 0
     partitions_rewritten: dict[str, int] = field(
         default_factory=lambda: {"readings": 0, "rollup_1m": 0, "rollup_1h": 0, "rollup_1d": 0}
@@ -60,7 +64,8 @@ class RunSummary:
         return (
             f"{self.files} files, {self.readings_in:,} readings in, "
             f"{self.duplicates_removed:,} duplicates removed, {self.quarantined:,} quarantined, "
-            f"{self.readings_written:,} written; partitions rewritten: {p['readings']} readings, "
+            f"{self.readings_written:,} written, {self.displaced:,} displaced; "
+            f"partitions rewritten: {p['readings']} readings, "
             f"{p['rollup_1m']} rollup_1m, {p['rollup_1h']} rollup_1h, {p['rollup_1d']} rollup_1d; "
             f"{self.seconds:.1f} s"
         )
@@ -122,57 +127,88 @@ class Pipeline:
 
     def batch(self, lines: DataFrame, batch_id: int) -> None:
         s = self.summary
-        lines = lines.withColumn("_file", F.input_file_name()).persist()
+        # One cache: the lines parsed once (every later step reads this, not the JSON).
+        parsed = T.parse_landing(lines).withColumn("_file", F.input_file_name()).persist()
         try:
-            counts = lines.agg(F.count(F.lit(1)), F.countDistinct("_file")).first()
-            n_lines, n_files = int(counts[0]), int(counts[1])  # type: ignore[index]
+            counts = parsed.agg(
+                F.count(F.lit(1)), F.countDistinct("_file"), F.count_if(F.col("reason").isNull())
+            ).first()
+            n_lines, n_files, n_good = (int(c) for c in counts)  # type: ignore[union-attr]
             if n_lines == 0:
                 return
             s.batches.append(batch_id)
             s.lines_in += n_lines
             s.files += n_files
-            parsed = T.parse_landing(lines.drop("_file"))
             bad = T.quarantined(parsed, batch_id)
             bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
-            good = T.valid_readings(parsed, batch_id).persist()
-            try:
-                self._readings(good, batch_id)
-            finally:
-                good.unpersist()
+            self._readings(T.valid_readings(parsed, batch_id), n_good, batch_id)
         finally:
-            lines.unpersist()
+            parsed.unpersist()
 
-    def _readings(self, good: DataFrame, batch_id: int) -> None:
+    def _readings(self, good: DataFrame, n_good: int, batch_id: int) -> None:
         s = self.summary
-        n_good = good.count()
         s.readings_in += n_good
-        hours = [(r.date, r.hour) for r in good.select("date", "hour").distinct().collect()]
         s.quarantined = self._count_quarantined()
-        deduped = T.first_copy_per_id(good)
-        if self._exists("readings"):
-            earlier = self._table("readings", T.READINGS_SCHEMA, hours).where(
-                F.col("batch") != batch_id
-            )
-            deduped = T.not_seen_before(deduped, earlier)
-        new = deduped.persist()
+        candidates = T.first_copy_per_id(good)
+        prior = self._seen(good, batch_id)
+        displaced: DataFrame | None = None
+        decided: DataFrame | None = None
+        if prior is None:
+            new = candidates.persist()
+        else:
+            decided = T.against_seen(candidates, prior).persist()
+            new = T.winners(decided)
+            displaced = T.displaced(decided)
         try:
             n_new = new.count()
+            n_displaced = 0 if displaced is None else int(displaced.count())
             s.readings_written += n_new
-            s.duplicates_removed += n_good - n_new
+            s.displaced += n_displaced
+            # A displaced copy is a duplicate removed too: the id's count stays one.
+            s.duplicates_removed += n_good - n_new + n_displaced
+            hours = {(r.date, r.hour) for r in new.select("date", "hour").distinct().collect()}
+            moved: list[tuple[str, int, int]] = []
+            if displaced is not None:
+                moved = [
+                    (r.date, r.hour, r.batch)
+                    for r in displaced.select("date", "hour", "batch").distinct().collect()
+                ]
+                hours |= {(d, h) for d, h, _ in moved}
+            # 1. The index first: a replay of this batch reads the index without its own rows.
+            if n_new:
+                self._write_seen(prior, new, batch_id)
+            crash_point("pipeline_seen_written")
+            # 2. This batch's readings, and its quality row (displaced copies taken off).
             new.write.mode("overwrite").partitionBy("date", "hour", "batch").parquet(
                 self.path("readings")
             )
-            T.quality(good, new, batch_id).coalesce(1).write.mode("overwrite").partitionBy(
-                "batch"
-            ).parquet(self.path("quality"))
+            T.quality(good, new, batch_id, displaced).coalesce(1).write.mode(
+                "overwrite"
+            ).partitionBy("batch").parquet(self.path("quality"))
+            s.partitions_rewritten["readings"] += len({(d, h) for d, h in hours})
+            crash_point("pipeline_readings_written")
+            # 3. Copies received after the one this batch brought leave their hours.
+            if moved and displaced is not None:
+                self._remove_displaced(displaced, moved)
+            crash_point("pipeline_displaced_removed")
+            self._rollups(sorted(hours), new, batch_id)
+            if n_new:
+                self._drop_old_seen(batch_id)
         finally:
-            new.unpersist()
-        s.partitions_rewritten["readings"] += len(hours)
-        crash_point("pipeline_readings_written")
-        # Rollups of every hour the batch touched, from all its readings.
-        readings = self._table("readings", T.READINGS_SCHEMA, hours)
-        m = T.rollup_minutes(readings)
-        m.write.mode("overwrite").partitionBy("date", "hour").parquet(self.path("rollup_1m"))
+            (new if decided is None else decided).unpersist()
+
+    def _rollups(self, hours: list[tuple[str, int]], new: DataFrame, batch_id: int) -> None:
+        """Rollups of every hour the batch changed, from all of those hours' readings."""
+        if not hours:
+            return
+        s = self.summary
+        readings = new.select(*T.READINGS_SCHEMA.names)
+        if self._exists("readings"):
+            earlier = self._table("readings", T.READINGS_SCHEMA, hours)
+            readings = earlier.where(F.col("batch") != batch_id).unionByName(readings)
+        T.rollup_minutes(readings).write.mode("overwrite").partitionBy("date", "hour").parquet(
+            self.path("rollup_1m")
+        )
         s.partitions_rewritten["rollup_1m"] += len(hours)
         dates = sorted({d for d, _ in hours})
         minutes = self._table("rollup_1m", T.ROLLUP_1M_SCHEMA, dates=dates)
@@ -185,6 +221,98 @@ class Pipeline:
         )
         s.partitions_rewritten["rollup_1h"] += len(dates)
         s.partitions_rewritten["rollup_1d"] += len(dates)
+
+    # ------------------------------------------------------------ seen-id index
+
+    def _seen_generations(self) -> dict[int, list[int]]:
+        """Bucket -> its generations on disk (the batches that wrote it), newest last."""
+        jvm = self.spark._jvm  # type: ignore[attr-defined]
+        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        pattern = jvm.org.apache.hadoop.fs.Path(self.path("seen_ids") + "/bucket=*/gen=*")
+        found = pattern.getFileSystem(conf).globStatus(pattern) or []
+        gens: dict[int, list[int]] = {}
+        for st in found:
+            if st.isDirectory():
+                p = st.getPath()
+                gen = int(p.getName().removeprefix("gen="))
+                gens.setdefault(int(p.getParent().getName().removeprefix("bucket=")), []).append(
+                    gen
+                )
+        return {b: sorted(g) for b, g in gens.items()}
+
+    def _seen(self, good: DataFrame, batch_id: int) -> DataFrame | None:
+        """The index of the buckets the batch's ids fall in, as earlier batches left it."""
+        gens = self._seen_generations()
+        if not gens:  # the first batch: no scan of the batch for its buckets
+            return None
+        buckets = [r[0] for r in good.select(T.id_bucket(F.col("id"))).distinct().collect()]
+        paths = [
+            f"{self.path('seen_ids')}/bucket={b}/gen={gens[b][-1]}"
+            for b in sorted(buckets)
+            if b in gens
+        ]
+        if not paths:
+            return None
+        seen = (
+            self.spark.read.schema(T.SEEN_SCHEMA)
+            .option("basePath", self.path("seen_ids"))
+            .parquet(*paths)
+        )
+        # Without this batch's own rows: a replay decides as its first attempt did.
+        return seen.where(F.col("batch") != batch_id).select(*T.SEEN_COLUMNS)
+
+    def _write_seen(self, prior: DataFrame | None, new: DataFrame, batch_id: int) -> None:
+        """A new generation of every bucket the batch kept copies in: the old rows plus its own.
+
+        Written whole before the older generations are deleted, so a crash leaves
+        either generation readable, and either read without this batch's rows is
+        the same index. Displaced rows stay (the earliest copy per id is the kept
+        one): a replay must see what the first attempt saw.
+        """
+        rows = T.seen_rows(new, batch_id)
+        if prior is not None:
+            touched = rows.select("bucket").distinct()
+            rows = prior.join(F.broadcast(touched), "bucket", "left_semi").unionByName(rows)
+        rows.withColumn("gen", F.lit(batch_id).cast("long")).repartition("bucket").write.mode(
+            "overwrite"
+        ).partitionBy("bucket", "gen").parquet(self.path("seen_ids"))
+
+    def _drop_old_seen(self, batch_id: int) -> None:
+        """Delete the generations this batch's superseded (at the end: nothing reads them now)."""
+        jvm = self.spark._jvm  # type: ignore[attr-defined]
+        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        for bucket, gens in self._seen_generations().items():
+            if gens[-1] != batch_id:
+                continue
+            for g in gens[:-1]:
+                path = f"{self.path('seen_ids')}/bucket={bucket}/gen={g}"
+                p = jvm.org.apache.hadoop.fs.Path(path)
+                p.getFileSystem(conf).delete(p, True)
+
+    def _remove_displaced(self, displaced: DataFrame, where: list[tuple[str, int, int]]) -> None:
+        """Rewrite each (date, hour, batch) partition that holds a displaced copy without it."""
+        parts = self.spark.createDataFrame(where, "date string, hour int, batch long")
+        old = (
+            self.spark.read.schema(T.READINGS_SCHEMA)
+            .parquet(self.path("readings"))
+            .where(F.col("date").isin(sorted({d for d, _, _ in where})))
+            .join(F.broadcast(parts), ["date", "hour", "batch"], "left_semi")
+        )
+        left = old.join(displaced.select("id"), "id", "left_anti").localCheckpoint(eager=True)
+        remaining = {
+            (r.date, r.hour, r.batch) for r in left.select(*parts.columns).distinct().collect()
+        }
+        left.write.mode("overwrite").partitionBy("date", "hour", "batch").parquet(
+            self.path("readings")
+        )
+        jvm = self.spark._jvm  # type: ignore[attr-defined]
+        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        for d, h, b in where:
+            if (d, h, b) not in remaining:  # every copy in it was displaced: the partition goes
+                p = jvm.org.apache.hadoop.fs.Path(
+                    f"{self.path('readings')}/date={d}/hour={h}/batch={b}"
+                )
+                p.getFileSystem(conf).delete(p, True)
 
     # ------------------------------------------------------------ tables
 

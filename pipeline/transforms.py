@@ -9,8 +9,13 @@ Rules, all of them here:
   reading with an impossible value (NaN, infinite, or 1e15 and beyond, which
   DECIMAL(18,3) cannot hold) or time (before 2000, or
   more than a day after the ingest received it);
-- duplicates are the same ``id``; the copy the ingest received first wins
-  (then the smallest gateway name, so the choice is total and reruns agree);
+- duplicates are the same ``id``, whatever their ``ts``, across all of history;
+  the copy the ingest received first wins (then the smallest gateway name, so
+  the choice is total and reruns agree). A batch's first copies are checked
+  against the seen-id index of earlier batches (``against_seen``): a copy that
+  was received after the kept one is dropped and touches nothing; one received
+  before it replaces it (the kept copy is ``displaced``: its hour is rewritten
+  without it and its rollups recomputed);
 - rollups count, min, max, sum and mean the non-null values; ``sum`` is
   DECIMAL(38,3) of the values rounded to 3 decimals, so re-aggregating minutes
   into hours and hours into days is exact and reruns are bit-identical;
@@ -29,6 +34,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BooleanType,
     DecimalType,
     DoubleType,
     IntegerType,
@@ -105,6 +111,30 @@ QUARANTINE_SCHEMA = StructType(
     ]
 )
 
+# The seen-id index: one row per copy a batch kept, in the bucket of its id's
+# ``{origin}/{epoch}`` prefix (256 buckets, a file each: docs/pipeline.md), one
+# generation (``gen``: the batch that wrote it) per bucket. ``late`` and ``clock``
+# let a later batch that displaces the copy correct the quality counts without
+# reading ``readings``.
+SEEN_BUCKETS = 256
+SEEN_SCHEMA = StructType(
+    [
+        StructField("id", StringType(), False),
+        StructField("received", TimestampType()),
+        StructField("gateway", StringType()),
+        StructField("origin", StringType(), False),
+        StructField("sensor", StringType(), False),
+        StructField("late", BooleanType(), False),
+        StructField("clock", BooleanType(), False),
+        StructField("date", StringType(), False),
+        StructField("hour", IntegerType(), False),
+        StructField("batch", LongType(), False),
+        StructField("bucket", IntegerType(), False),
+        StructField("gen", LongType(), False),
+    ]
+)
+SEEN_COLUMNS = [f.name for f in SEEN_SCHEMA.fields[:-1]]  # gen is the writer's batch
+
 QUALITY_SCHEMA = StructType(
     [
         StructField("origin", StringType(), False),
@@ -180,44 +210,136 @@ def valid_readings(parsed: DataFrame, batch: int) -> DataFrame:
     )
 
 
+def copy_order(received: Column, gateway: Column) -> Column:
+    """Which copy of an id wins: the smallest (received first, then the smallest gateway)."""
+    return F.struct(
+        F.coalesce(received, F.lit("9999-12-31").cast(TimestampType())),
+        F.coalesce(gateway, F.lit("")),
+    )
+
+
 def first_copy_per_id(readings: DataFrame) -> DataFrame:
     """One row per id: the copy received first (then the smallest gateway)."""
-    order = F.struct(
-        F.coalesce("received", F.lit("9999-12-31").cast(TimestampType())),
-        F.coalesce("gateway", F.lit("")),
-    )
     cols = [c for c in readings.columns if c != "id"]
-    best = F.min_by(F.struct(*cols), order)
+    best = F.min_by(F.struct(*cols), copy_order(F.col("received"), F.col("gateway")))
     return readings.groupBy("id").agg(best.alias("r")).select("id", "r.*")
 
 
-def not_seen_before(batch: DataFrame, earlier: DataFrame) -> DataFrame:
-    """Drop ids already in earlier batches (of the same hours: the caller prunes)."""
-    return batch.join(earlier.select("id"), "id", "left_anti")
+def id_bucket(id_col: Column) -> Column:
+    """The seen-id bucket of an id: a hash of its ``{origin}/{epoch}`` prefix.
+
+    Ids are ``{origin}/{epoch}/{seq}`` (``{node}/{boot}/{seq}.{i}`` from nodes; an
+    origin never holds a ``/``, it is an MQTT topic level), so one origin's epoch
+    lands in one bucket and a batch touches the buckets of the epochs it carries,
+    not all of history. The prefix is the first two levels (an id with fewer
+    hashes whole): ``substring_index``, not a regular expression, on every row.
+    """
+    prefix = F.substring_index(id_col, "/", 2)
+    return F.pmod(F.xxhash64(prefix), F.lit(SEEN_BUCKETS)).cast(IntegerType())
 
 
-def quality(valid: DataFrame, kept: DataFrame, batch: int) -> DataFrame:
-    """Per origin and sensor in one batch: what came in, what was kept, and how it looked."""
-    # Seconds from taking a reading to the ingest receiving it (null without ``received``).
-    delay = (F.unix_micros("received") - F.unix_micros("ts")) / F.lit(1e6)
-    clock = F.arrays_overlap(
+def _delay_s() -> Column:
+    """Seconds from taking a reading to the ingest receiving it (null without ``received``)."""
+    return (F.unix_micros("received") - F.unix_micros("ts")) / F.lit(1e6)
+
+
+def _clock_flagged() -> Column:
+    return F.arrays_overlap(
         F.coalesce("flags", F.array().cast("array<string>")),
         F.array(*[F.lit(f) for f in CLOCK_FLAGS]),
     )
-    came = valid.groupBy("origin", "sensor").agg(F.count(F.lit(1)).alias("lines_in"))
-    stayed = kept.groupBy("origin", "sensor").agg(
-        F.count(F.lit(1)).alias("kept"),
-        F.count_if(delay > F.lit(LATE_AFTER_S)).alias("late"),
-        F.count_if(clock).alias("clock_flagged"),
-        F.max(delay).alias("max_delay_s"),
-    )
-    zero = F.lit(0).cast(LongType())
-    return came.join(stayed, ["origin", "sensor"], "left").select(
+
+
+def seen_rows(kept: DataFrame, batch: int) -> DataFrame:
+    """The index rows of the copies a batch kept (``SEEN_SCHEMA`` without ``gen``)."""
+    return kept.select(
+        "id",
+        "received",
+        "gateway",
         "origin",
         "sensor",
-        F.col("lines_in").cast(LongType()).alias("lines_in"),
+        F.coalesce(_delay_s() > F.lit(LATE_AFTER_S), F.lit(False)).alias("late"),
+        F.coalesce(_clock_flagged(), F.lit(False)).alias("clock"),
+        "date",
+        "hour",
+        F.lit(batch).cast(LongType()).alias("batch"),
+        id_bucket(F.col("id")).alias("bucket"),
+    )
+
+
+def against_seen(candidates: DataFrame, seen: DataFrame) -> DataFrame:
+    """A batch's first copies against the index of earlier batches.
+
+    Each candidate with ``kept`` (the index row of the copy kept so far, null for
+    an id never seen) and ``wins``: never seen, or received before the kept copy.
+    A candidate that does not win never reaches ``readings`` or a rollup.
+    """
+    order = copy_order(F.col("received"), F.col("gateway"))
+    hit = seen.join(candidates.select("id"), "id", "left_semi")
+    kept = hit.groupBy("id").agg(
+        F.min_by(F.struct(*[c for c in SEEN_COLUMNS if c != "id"]), order).alias("kept")
+    )
+    beats = copy_order(F.col("received"), F.col("gateway")) < copy_order(
+        F.col("kept.received"), F.col("kept.gateway")
+    )
+    return candidates.join(kept, "id", "left").withColumn("wins", F.col("kept").isNull() | beats)
+
+
+def winners(decided: DataFrame) -> DataFrame:
+    """The copies a batch keeps (``against_seen``'s winners, as ``readings`` rows)."""
+    return decided.where(F.col("wins")).drop("kept", "wins")
+
+
+def displaced(decided: DataFrame) -> DataFrame:
+    """The index rows of kept copies that a copy received before them replaces."""
+    return decided.where(F.col("wins") & F.col("kept").isNotNull()).select("id", "kept.*")
+
+
+def quality(
+    valid: DataFrame, kept: DataFrame, batch: int, displaced: DataFrame | None = None
+) -> DataFrame:
+    """Per origin and sensor in one batch: what came in, what was kept, and how it looked.
+
+    A copy this batch displaced (kept by an earlier batch, replaced by one received
+    before it) is taken off ``kept``, ``late`` and ``clock_flagged`` here, so the
+    table summed over batches counts each reading once. ``max_delay_s`` is the
+    largest delay of what the batch kept.
+    """
+    delay = _delay_s()
+    came = valid.groupBy("origin", "sensor").agg(F.count(F.lit(1)).alias("lines_in"))
+    stayed = kept.select(
+        "origin",
+        "sensor",
+        F.lit(1).alias("n"),
+        (delay > F.lit(LATE_AFTER_S)).cast(IntegerType()).alias("is_late"),
+        _clock_flagged().cast(IntegerType()).alias("is_clock"),
+        delay.alias("delay"),
+    )
+    if displaced is not None:
+        gone = displaced.select(
+            "origin",
+            "sensor",
+            F.lit(-1).alias("n"),
+            -F.col("late").cast(IntegerType()),
+            -F.col("clock").cast(IntegerType()),
+            F.lit(None).cast(DoubleType()),
+        )
+        stayed = stayed.unionAll(gone)
+    stayed = stayed.groupBy("origin", "sensor").agg(
+        F.sum("n").alias("kept"),
+        F.sum(F.coalesce("is_late", F.lit(0))).alias("late"),
+        F.sum(F.coalesce("is_clock", F.lit(0))).alias("clock_flagged"),
+        F.max("delay").alias("max_delay_s"),
+    )
+    zero = F.lit(0).cast(LongType())
+    return came.join(stayed, ["origin", "sensor"], "full").select(
+        "origin",
+        "sensor",
+        F.coalesce(F.col("lines_in").cast(LongType()), zero).alias("lines_in"),
         F.coalesce(F.col("kept").cast(LongType()), zero).alias("kept"),
-        (F.col("lines_in") - F.coalesce("kept", zero)).cast(LongType()).alias("duplicates_removed"),
+        (F.coalesce("lines_in", zero) - F.coalesce("kept", zero))
+        .cast(LongType())
+        .alias("duplicates_removed"),
         F.coalesce(F.col("late").cast(LongType()), zero).alias("late"),
         F.coalesce(F.col("clock_flagged").cast(LongType()), zero).alias("clock_flagged"),
         F.col("max_delay_s").cast(DoubleType()).alias("max_delay_s"),

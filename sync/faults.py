@@ -16,8 +16,10 @@ and on the receiving side (the cloud ingest):
   receive records), PUBRECs not yet sent
 - ``ingest_pubrel_received``: PUBREL decoded for a landed message, PUBCOMP not yet sent
 
-and in the Spark pipeline: ``pipeline_readings_written`` (a batch's readings
-written, its rollups and checkpoint not yet).
+and in the Spark pipeline: ``pipeline_seen_written`` (a batch's seen-id index
+written, its readings not yet), ``pipeline_readings_written`` (its readings
+written, its rollups and checkpoint not yet), ``pipeline_displaced_removed``
+(copies it displaced removed from earlier partitions, rollups not yet).
 
 ``PUBCOMP_CRASH_MARKER=path``: before the kill, the point's name and the
 caller's detail (what it was handling) are written to ``path``, so a test can
@@ -39,7 +41,9 @@ POINTS = (
     "pubcomp_received",
     "ingest_landed",
     "ingest_pubrel_received",
+    "pipeline_seen_written",
     "pipeline_readings_written",
+    "pipeline_displaced_removed",
 )
 
 _target: str | None = None
