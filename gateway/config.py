@@ -66,6 +66,8 @@ class UplinkSection(_Model):
     # A message short of a full batch waits this long for more readings: fewer,
     # fuller messages, so fewer session transitions to commit (docs/architecture.md).
     linger_ms: Annotated[float, Field(ge=0, le=60_000)] = 500
+    # On `systemctl stop`: deliver what waits for up to this long (then it stays stored).
+    drain_on_stop_s: Annotated[float, Field(ge=0, le=60)] = 5
     keepalive: Annotated[int, Field(ge=0, le=65535)] = 30
     username: str | None = None
     password: SecretStr | None = None

@@ -95,7 +95,12 @@ class Gateway:
             up.broker,
             connect_options(cfg),
             UplinkConfig(
-                up.topic_prefix, up.qos, up.batch, up.max_bytes, linger=up.linger_ms / 1000
+                up.topic_prefix,
+                up.qos,
+                up.batch,
+                up.max_bytes,
+                linger=up.linger_ms / 1000,
+                drain_on_stop=up.drain_on_stop_s,
             ),
             commits=self.commits,
         )
@@ -148,7 +153,9 @@ class Gateway:
                 await self.ingress.close()
             uplink_stop.set()
             try:
-                await asyncio.wait_for(self._critical["uplink"], 10.0)
+                await asyncio.wait_for(
+                    self._critical["uplink"], self.cfg.uplink.drain_on_stop_s + 10
+                )
             except (TimeoutError, Exception) as exc:
                 log.warning("uplink did not end cleanly: %r", exc)
             # Last: what the producers and the uplink left pending is committed.

@@ -84,6 +84,8 @@ class UplinkConfig:
     # A PUBCOMP (or PUBACK) is forgotten lazily: a PUBREL resent after a crash only
     # draws another PUBCOMP, so its commit can wait for company this long.
     completion_delay: float = 2.0
+    # On a graceful stop, deliver what waits for up to this long before disconnecting.
+    drain_on_stop: float = 0.0
 
 
 @dataclass
@@ -395,6 +397,7 @@ class Uplink:
                     await conn.close(Disconnect())
                     return True
                 await link.read_acks(await self._recv_or_wakeup(conn, stop, link))
+            await self._drain_before_stop(conn, link)
             return False
         finally:
             # A DISCONNECT with reason 0 keeps the session (session expiry > 0 in
@@ -402,6 +405,23 @@ class Uplink:
             with contextlib.suppress(Exception):
                 await self.commits.flush()
             await conn.close(Disconnect() if stop.is_set() else None)
+
+    async def _drain_before_stop(self, conn: Connection, link: _Link) -> None:
+        """A graceful stop (producers already stopped) delivers what waits, lingering no
+        more, for up to ``drain_on_stop`` seconds; what is left stays in the store."""
+        if self.cfg.drain_on_stop <= 0:
+            return
+        out_of_time = asyncio.Event()
+        timer = asyncio.get_running_loop().call_later(self.cfg.drain_on_stop, out_of_time.set)
+        link.lingering = False
+        try:
+            while not out_of_time.is_set():
+                await link.fill_window()
+                if link.drained():
+                    return
+                await link.read_acks(await self._recv_or_wakeup(conn, out_of_time, link))
+        finally:
+            timer.cancel()
 
     async def _resume(
         self, conn: Connection, present: bool, receive_max: int, max_qos: int
@@ -488,12 +508,14 @@ class _Link:
         self.max_bytes = max_bytes
         self.cursor = self.store.high_seq()
         self.partial_since: float | None = None  # when a short batch began to linger
+        self.lingering = up.cfg.linger > 0
         self.backed_up = False  # a full batch was waiting at the last fill
 
     def urgent(self) -> bool:
         """Commit the session's transitions at once (not lingering for company) while a
-        backlog drains or the send window is full: then the fsync is what limits the rate."""
-        return self.backed_up or self.session.send_quota() == 0
+        backlog drains or the send window is full (then the fsync is what limits the
+        rate), and when lingering is off (no linger set, or a stop is draining)."""
+        return self.backed_up or not self.lingering or self.session.send_quota() == 0
 
     def linger_left(self) -> float | None:
         """Seconds until a lingering short batch must go, or None if none lingers."""
@@ -564,7 +586,7 @@ class _Link:
         if not rows:
             self.partial_since = None
             return []
-        if not self.backed_up and self.up.cfg.linger > 0:
+        if not self.backed_up and self.lingering:
             if self.partial_since is None:
                 self.partial_since = time.monotonic()
             if self.linger_left():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from pubcomp.checker import Checker
 from pubcomp.devbroker import Mosquitto
 
 from .gateway_helpers import GatewayProc, PahoNode
+from .node_helpers import wait_until
 
 SENSORS = [
     {"id": "temp", "type": "simulated", "signal": "sine", "unit": "C", "interval_s": 0.1},
@@ -130,3 +132,32 @@ def test_health_metrics_and_status(tmp_path: Path, mosquitto: Mosquitto) -> None
 def _status(gw: GatewayProc) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pubcomp", "status", "--config", str(gw.fleet)]
     return subprocess.run([*cmd, "--gateway", gw.gid], capture_output=True, text=True, timeout=30)
+
+
+def test_a_graceful_stop_delivers_what_lingers(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """With a long linger, short batches wait in the store; SIGTERM stops the sensor, then
+    the uplink sends what waits before its DISCONNECT (uplink.drain_on_stop_s)."""
+    checker = Checker(mosquitto.port, topic="telemetry/#", client_id="drain-checker").start()
+    sensors = [{"id": "c", "type": "simulated", "signal": "counter", "interval_s": 0.1}]
+    gw = GatewayProc(
+        tmp_path,
+        mosquitto.port,
+        sensors=sensors,
+        extra={"uplink": {"linger_ms": 60_000, "drain_on_stop_s": 20}},
+    )
+    gw.start()
+    try:
+        assert wait_until(lambda: gw.status()["uplink"]["backlog"] >= 20, 30)
+        assert checker.snapshot() == {}  # lingering: a batch of 100 is far from full
+    finally:
+        assert gw.terminate() == 0
+    db = sqlite3.connect(gw.db)
+    left = db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+    delivered = db.execute("SELECT value FROM counters WHERE name = 'delivered'").fetchone()[0]
+    db.close()
+    assert left == 0, f"{left} readings still in the store after a graceful stop"
+    assert delivered >= 20
+    assert wait_until(lambda: len(checker.snapshot()) >= delivered, 30)
+    counts = checker.snapshot()
+    checker.stop()
+    assert len(counts) == delivered and set(counts.values()) == {1}
