@@ -48,6 +48,11 @@ class NotifySocket:
             assert time.monotonic() < deadline, f"waited for {n} x {key}: {self.got}"
             time.sleep(0.02)
 
+    def mark(self, text: str) -> None:
+        """Queue a marker from the calling thread, in order with what it sends itself."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(text.encode(), self.path)
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
@@ -72,14 +77,32 @@ def test_ready_status_watchdog_withheld_while_the_store_is_locked_and_stopping(
         db = sqlite3.connect(gw.db, isolation_level=None)
         db.execute("BEGIN EXCLUSIVE")
         locked = time.monotonic()
-        ns.wait("STATUS", since=locked + 0.1)
-        time.sleep(2.0)
+
+        def unhealthy_since(t: float) -> list[float]:
+            return [
+                at
+                for at, f in list(ns.got)
+                if at > t and f.get("STATUS", "").startswith("UNHEALTHY: store probe")
+            ]
+
+        deadline = time.monotonic() + 30
+        while not unhealthy_since(locked):
+            assert time.monotonic() < deadline, ns.got
+            time.sleep(0.02)
+        # Held for three more watchdog intervals: no ping may come while it is held.
+        ns.wait("STATUS", 3, since=unhealthy_since(locked)[0])
+        ns.mark("RELEASING=1")
         db.execute("ROLLBACK")
         released = time.monotonic()
         db.close()
-        assert ns.times("WATCHDOG", since=locked + 0.7, until=released) == []
-        unhealthy = [f["STATUS"] for t, f in ns.got if t > locked and "STATUS" in f]
-        assert any(s.startswith("UNHEALTHY: store probe") for s in unhealthy), unhealthy
+        # By the order the socket queued them (not by clock): after UNHEALTHY, no WATCHDOG
+        # until the lock was released (a ping sent before it was queued before it).
+        got = [f for _, f in list(ns.got)]
+        first_bad = next(
+            i for i, f in enumerate(got) if f.get("STATUS", "").startswith("UNHEALTHY: store probe")
+        )
+        releasing = next(i for i, f in enumerate(got) if "RELEASING" in f)
+        assert [f for f in got[first_bad:releasing] if "WATCHDOG" in f] == []
         ns.wait("WATCHDOG", 2, since=released)  # well again: the pings come back
         assert gw.terminate() == 0
         ns.wait("STOPPING")
@@ -102,26 +125,27 @@ def test_no_watchdog_pings_while_the_event_loop_is_wedged(tmp_path: Path) -> Non
         }
     )
     notifier = Notifier({"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "200000"})
-    wedge: list[float] = []
 
     async def main() -> int:
         gw = service.Gateway(cfg, notifier=notifier)
         stop = asyncio.Event()
         run = asyncio.create_task(gw.run(stop))
         await asyncio.sleep(1.0)
-        wedge.append(time.monotonic())
+        ns.mark("WEDGE=start")  # queued after every ping the loop sent before
         time.sleep(1.5)  # a blocking call on the loop: everything on it stops
-        wedge.append(time.monotonic())
+        ns.mark("WEDGE=end")
         await asyncio.sleep(1.0)
         stop.set()
         return await run
 
     try:
         assert asyncio.run(main()) == 0
-        start, end = wedge
-        assert len(ns.times("WATCHDOG", until=start)) >= 3
-        assert ns.times("WATCHDOG", since=start + 0.05, until=end) == []
-        assert len(ns.times("WATCHDOG", since=end)) >= 3
+        got = [f for _, f in list(ns.got)]
+        start_i = next(i for i, f in enumerate(got) if f.get("WEDGE") == "start")
+        end_i = next(i for i, f in enumerate(got) if f.get("WEDGE") == "end")
+        assert len([f for f in got[:start_i] if "WATCHDOG" in f]) >= 3
+        assert [f for f in got[start_i:end_i] if "WATCHDOG" in f] == []
+        assert len([f for f in got[end_i:] if "WATCHDOG" in f]) >= 3
         assert ns.times("STOPPING")
     finally:
         ns.close()
