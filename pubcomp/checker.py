@@ -25,6 +25,7 @@ class Checker:
         password: str | None = None,
     ) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
+        self.readings: dict[str, tuple] = {}  # id -> (sensor, ts, value) as delivered
         self.messages = 0
         self.bad_payloads = 0
         self._lock = threading.Lock()
@@ -48,7 +49,9 @@ class Checker:
 
     def _on_message(self, client, userdata, msg):
         try:
-            ids = [r["id"] for r in json.loads(msg.payload)["readings"]]
+            readings = json.loads(msg.payload)["readings"]
+            ids = [r["id"] for r in readings]
+            what = {r["id"]: (r["sensor"], r["ts"], r["value"]) for r in readings}
         except (ValueError, KeyError, TypeError):
             with self._lock:
                 self.bad_payloads += 1
@@ -56,6 +59,7 @@ class Checker:
         with self._lock:
             self.messages += 1
             self.counts.update(ids)
+            self.readings.update(what)
 
     def start(self) -> Checker:
         if self.protocol == mqtt.MQTTv5:

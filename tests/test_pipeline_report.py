@@ -110,6 +110,9 @@ def test_report_numbers_equal_duckdb_and_charts_are_pngs(spark: Any, tmp_path: P
 
 
 def test_report_cli_on_an_empty_warehouse_says_so(tmp_path: Path) -> None:
+    # A warehouse whose runs have landed nothing yet (a misspelled path is refused instead:
+    # tests/test_gateway_status_page.py::test_operator_errors_are_one_line).
+    (tmp_path / "wh" / "readings").mkdir(parents=True)
     out = tmp_path / "r.html"
     cmd = [sys.executable, "-m", "pubcomp", "pipeline", "report", "--warehouse"]
     cmd += [str(tmp_path / "wh"), "--out", str(out), "--master", "local[1]"]
