@@ -95,6 +95,7 @@ def test_ready_status_watchdog_withheld_while_the_store_is_locked_and_stopping(
         db.execute("ROLLBACK")
         released = time.monotonic()
         db.close()
+        ns.wait("RELEASING")  # read by the listener thread
         # By the order the socket queued them (not by clock): after UNHEALTHY, no WATCHDOG
         # until the lock was released (a ping sent before it was queued before it).
         got = [f for _, f in list(ns.got)]
@@ -140,6 +141,8 @@ def test_no_watchdog_pings_while_the_event_loop_is_wedged(tmp_path: Path) -> Non
 
     try:
         assert asyncio.run(main()) == 0
+        ns.wait("WEDGE", 2)  # both markers read by the listener thread
+        ns.wait("STOPPING")
         got = [f for _, f in list(ns.got)]
         start_i = next(i for i, f in enumerate(got) if f.get("WEDGE") == "start")
         end_i = next(i for i, f in enumerate(got) if f.get("WEDGE") == "end")
