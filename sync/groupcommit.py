@@ -36,7 +36,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .store import Store, StoreFull, is_disk_full
@@ -59,12 +59,9 @@ class _Op:
 @dataclass
 class CommitStats:
     commits: int = 0
-    ops: int = 0
-    largest_group: int = 0
     failed_commits: int = 0
     last_error: str | None = None  # the last commit's failure, cleared by a good one
     last_error_at: float | None = None
-    wait_s: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1000))
 
 
 class GroupCommit:
@@ -200,7 +197,6 @@ class GroupCommit:
         self._peers_pending -= peers
         if peers:
             self._recent_peers.append(peers)
-        started = time.monotonic()
         try:
             outcomes = await asyncio.to_thread(self._commit, group)
         except Exception as exc:  # the COMMIT failed: nothing in the group is durable
@@ -211,10 +207,7 @@ class GroupCommit:
             outcomes = [(False, exc)] * len(group)
         else:
             self.stats.commits += 1
-            self.stats.ops += len(group)
-            self.stats.largest_group = max(self.stats.largest_group, len(group))
             self.stats.last_error = None
-            self.stats.wait_s.append(time.monotonic() - started)
             self.store.notify()
         for op, (ok, value) in zip(group, outcomes, strict=True):
             if op.done is None:
