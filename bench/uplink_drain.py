@@ -27,8 +27,9 @@ import paho.mqtt.client as mqtt
 
 from pubcomp.devbroker import Mosquitto
 from pubcomp.sync.client import ConnectOptions
-from pubcomp.sync.store import Reading, Store, encode_payload, encode_reading
+from pubcomp.sync.store import Reading, Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
+from pubcomp.sync.wire import encode_payload
 
 PAHO_RSS_SCRIPT = """
 import sys, threading, resource
@@ -73,8 +74,8 @@ def fill(path: Path, n: int) -> Store:
 def pubcomp_drain(port: int, work: Path, n: int, batch: int) -> tuple[float, float, int]:
     """(readings/s, bytes written per reading, payload bytes per message)."""
     store = fill(work / f"drain-{batch}.db", n)
-    sample = store.waiting(0, batch)
-    payload = len(encode_payload("gw-bench", [encode_reading(r) for _, r in sample]))
+    sample = store.waiting_rows(0, batch)
+    payload = len(encode_payload("gw-bench", [body for _, _, body in sample]))
     up = Uplink(
         store,
         f"mqtt://127.0.0.1:{port}",

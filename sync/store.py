@@ -15,13 +15,21 @@ Rules this module enforces (numbers as in the design):
 7. A disk quota with ``drop_oldest`` or ``refuse_new``.
 8. A corrupt file is moved aside with a timestamp, never deleted.
 
+Every reading has a seq, but the outbox keeps readings packed: one row per
+batch that was committed together (a node's message, the sensor readings of
+one group commit), holding seqs ``seq .. seq + n - 1`` as the cloud wire format
+already encoded (zlib-compressed when that is smaller). A commit then writes
+a few pages per message instead of a B-tree row per reading, and the uplink
+builds a PUBLISH by joining bodies, without decoding them (docs/architecture.md,
+"What is written when").
+
 A message's readings are the outbox rows whose ``seq`` lies in the in-flight
-row's ``[first_seq, last_seq]``: batches are taken oldest first, so a message
-is a contiguous range and moving readings into flight writes no reading row.
-The ranges tile the outbox up to the highest ``last_seq``; every reading above
-it is waiting. A message whose packet id died (session lost, refused by the
-broker) keeps its range and waits as ``QUEUED`` for a new id, ahead of newer
-readings.
+row's ``[first_seq, last_seq]``: rows are taken whole and oldest first, so a
+message is a contiguous range and moving readings into flight writes no
+reading row. The ranges tile the outbox up to the highest ``last_seq``; every
+reading above it is waiting. A message whose packet id died (session lost,
+refused by the broker) keeps its range and waits as ``QUEUED`` for a new id,
+ahead of newer readings.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import secrets
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,26 +51,31 @@ from pathlib import Path
 from typing import Any
 
 from .session import OutState
+from .wire import encode_readings
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: node_seen; outbox.seq without AUTOINCREMENT in new files
+# 2: node_seen; outbox.seq without AUTOINCREMENT in new files. 3: packed outbox rows.
+SCHEMA_VERSION = 3
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+OUTBOX = """
 CREATE TABLE IF NOT EXISTS outbox (
-    seq     INTEGER PRIMARY KEY,  -- given by the store, never reused (meta.last_seq)
-    rid     TEXT,              -- id given by the producer (nodes); NULL: origin/epoch/seq
-    origin  TEXT NOT NULL,
-    sensor  TEXT NOT NULL,
-    ts      TEXT,
-    value   REAL,
-    unit    TEXT,
-    flags   TEXT,              -- comma separated
-    queued  REAL NOT NULL      -- wall-clock seconds when stored
+    seq     INTEGER PRIMARY KEY,  -- the row's first seq; seqs are never reused (meta.last_seq)
+    n       INTEGER NOT NULL,     -- readings in the row: seqs seq .. seq + n - 1
+    marks   TEXT,                 -- every flag its readings carry, comma separated
+    body    BLOB NOT NULL,        -- the readings, encoded (sync.wire.encode_readings)
+    queued  REAL NOT NULL         -- wall-clock seconds when stored
 );
+"""
+
+SCHEMA = (
+    OUTBOX
+    + """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS out_inflight (
-    ord        INTEGER PRIMARY KEY AUTOINCREMENT,  -- original send order
+    -- Original send order: a new row gets the highest ord + 1, after every message still
+    -- here (no sqlite_sequence row to rewrite: one page less per commit).
+    ord        INTEGER PRIMARY KEY,
     session    TEXT NOT NULL,
     packet_id  INTEGER,           -- NULL while QUEUED (its old id died with a session)
     state      TEXT NOT NULL CHECK (state IN ('QUEUED', 'PUBLISH_SENT', 'PUBREL_SENT')),
@@ -109,12 +123,21 @@ CREATE TABLE IF NOT EXISTS dead_letter (
     at      REAL NOT NULL
 );
 """
+)
 
 POLICIES = ("drop_oldest", "refuse_new")
 # A node's seen seqs are kept as ranges; past this many gaps the oldest two ranges
 # merge (a message that old, missing all along, is taken as seen: see node_seen).
 MAX_SEEN_RANGES = 64
 SEQ_BLOCK = 10_000
+# An outbox row holds at most this many readings and this much encoded JSON (before
+# compression): the uplink's default batch, and few enough bytes that a broker with a
+# small Maximum Packet Size rarely makes the uplink split one (``split_row_in``).
+ROW_READINGS = 100
+ROW_BYTES = 16 << 10
+# Bodies this long or longer are compressed (zlib level 1: 13 kB of readings become
+# 1 kB in 30 us); shorter ones would not shrink past zlib's own header.
+COMPRESS_FROM = 64
 WAL_BYTES = 1 << 20
 # Small pages for new stores: every commit rewrites each page it touches in full
 # (a WAL frame per page), and a commit touches a few pages however small the
@@ -214,6 +237,7 @@ class Store:
             self.moved_aside = self._move_aside(exc)
             self._db = self._open()
         self.epoch, self.gateway_id = self._init_meta(gateway_id)
+        self._pack_old_outbox()
         self._seq = self._seq_floor = self._highest_seq()
         with self._lock:
             # Stores made before schema 2 kept message keys one row each in ``seen``.
@@ -298,6 +322,58 @@ class Store:
                     "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
                 )
         return meta["epoch"], meta["gateway_id"]
+
+    def _pack_old_outbox(self) -> None:
+        """Stores made before schema 3 kept one outbox row per reading: rewrite them as
+        rows of one reading each (same seqs, so every in-flight range stays valid), with
+        the highest seq given so far kept in ``meta.last_seq``. Once, in one transaction."""
+        with self._lock:
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(outbox)")}
+        if "body" in columns:
+            return
+        with self._tx() as db:
+            top = db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbox").fetchone()[0]
+            if self._has_autoincrement(db):
+                auto = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'")
+                top = max(top, *(r[0] for r in auto.fetchall()))
+            floor = db.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+            top = max(top, int(floor[0]) if floor else 0)
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('last_seq', ?)", (str(top),))
+            db.execute("ALTER TABLE outbox RENAME TO outbox_v2")
+            db.execute(OUTBOX.strip().rstrip(";"))  # (executescript would COMMIT first)
+            old = db.execute(
+                "SELECT seq, rid, origin, sensor, ts, value, unit, flags, queued "
+                "FROM outbox_v2 ORDER BY seq"
+            )
+            moved = 0
+            while rows := old.fetchmany(1000):
+                packed = []
+                for seq, rid, origin, sensor, ts, value, unit, flags, queued in rows:
+                    names = flags.split(",") if flags else []
+                    reading = {
+                        "id": rid or f"{origin}/{self.epoch}/{seq}",
+                        "origin": origin,
+                        "sensor": sensor,
+                        "ts": ts,
+                        "value": value,
+                        "unit": unit,
+                        "flags": names,
+                    }
+                    encoded = [encode_readings([reading])]
+                    packed.append(_outbox_row(seq, encoded, set(names), queued))
+                db.executemany(INSERT_OUTBOX, packed)
+                moved += len(packed)
+            db.execute("DROP TABLE outbox_v2")
+            inflight = db.execute(
+                "SELECT sql FROM sqlite_master WHERE name = 'out_inflight'"
+            ).fetchone()[0]
+            if "AUTOINCREMENT" in inflight.upper():  # schema 1 and 2
+                db.execute("ALTER TABLE out_inflight RENAME TO out_inflight_v2")
+                create = SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS out_inflight") :]
+                db.execute(create[: create.index(";")])
+                db.execute("INSERT INTO out_inflight SELECT * FROM out_inflight_v2")
+                db.execute("DROP TABLE out_inflight_v2")
+        log.info("store %s: outbox packed (schema 3), %d readings kept", self.path, moved)
 
     def _ensure_reserve(self) -> None:
         if not self.reserve_bytes or self.reserve_path.exists():
@@ -559,21 +635,29 @@ class Store:
         self, db: sqlite3.Connection, after_seq: int, shift_s: float, flag: str, add_flag: str
     ) -> int:
         low = max(after_seq, self._inflight_high_seq(db))
+        # The row holding seq low + 1 may begin at or below low: start from it.
+        start = db.execute("SELECT MAX(seq) FROM outbox WHERE seq <= ?", (low + 1,)).fetchone()[0]
         rows = db.execute(
-            "SELECT seq, ts, flags FROM outbox WHERE seq > ? AND flags LIKE ?",
-            (low, f"%{flag}%"),
+            "SELECT seq, body FROM outbox WHERE seq >= ? AND marks LIKE ?",
+            (start or low + 1, f"%{flag}%"),
         ).fetchall()
-        fixed = []
-        for seq, ts, flags in rows:
-            names = flags.split(",")
-            if flag not in names or add_flag in names or ts is None:
-                continue
-            t = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() + shift_s
-            new_ts = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
-            fixed.append((new_ts.replace("+00:00", "Z"), ",".join([*names, add_flag]), seq))
-        db.executemany("UPDATE outbox SET ts = ?, flags = ? WHERE seq = ?", fixed)
-        self._bump(db, "clock_corrected", len(fixed))
-        return len(fixed)
+        fixed, updates = 0, []
+        for seq, body in rows:
+            readings = decode_body(body)
+            changed = False
+            for i, r in enumerate(readings):
+                names, ts = r["flags"], r["ts"]
+                if seq + i <= low or flag not in names or add_flag in names or ts is None:
+                    continue
+                t = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() + shift_s
+                new_ts = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+                r["ts"], r["flags"] = new_ts.replace("+00:00", "Z"), [*names, add_flag]
+                fixed, changed = fixed + 1, True
+            if changed:
+                updates.append((_marks(readings), pack_body(encode_readings(readings)), seq))
+        db.executemany("UPDATE outbox SET marks = ?, body = ? WHERE seq = ?", updates)
+        self._bump(db, "clock_corrected", fixed)
+        return fixed
 
     def probe(self) -> None:
         """Take and release the write lock: raises if the store cannot commit now."""
@@ -589,15 +673,41 @@ class Store:
     def _rows(
         self, readings: Iterable[Reading], db: sqlite3.Connection, now: float
     ) -> Iterator[tuple[Any, ...]]:
-        for n, r in enumerate(readings, 1):
+        """Readings as outbox rows (up to ``ROW_BYTES`` of encoded readings each), every
+        reading given its seq and, from the gateway, its id ``origin/epoch/seq``."""
+        chunk: list[bytes] = []
+        marks: set[str] = set()
+        first = size = 0
+        for k, r in enumerate(readings, 1):
             if r.value is not None and not math.isfinite(r.value):
                 raise ValueError(f"reading {r.sensor!r}: value {r.value} is not finite")
-            if n % 1000 == 0:
+            if k % 1000 == 0:
                 self._make_room(db, 1000)  # long imports honour the quota as they go
-            flags = ",".join(r.flags) or None
             self._seq += 1  # a transaction undone leaves a gap, never a seq given twice
             origin = r.origin or self.gateway_id
-            yield (self._seq, r.id, origin, r.sensor, r.ts, r.value, r.unit, flags, now)
+            encoded = encode_readings(
+                [
+                    {
+                        "id": r.id or f"{origin}/{self.epoch}/{self._seq}",
+                        "origin": origin,
+                        "sensor": r.sensor,
+                        "ts": r.ts,
+                        "value": None if r.value is None else float(r.value),
+                        "unit": r.unit,
+                        "flags": list(r.flags),
+                    }
+                ]
+            )
+            if chunk and (size + len(encoded) > ROW_BYTES or len(chunk) == ROW_READINGS):
+                yield _outbox_row(first, chunk, marks, now)
+                chunk, marks, size = [], set(), 0
+            if not chunk:
+                first = self._seq
+            chunk.append(encoded)
+            marks.update(r.flags)
+            size += len(encoded) + 1
+        if chunk:
+            yield _outbox_row(first, chunk, marks, now)
 
     def _last_seq(self, db: sqlite3.Connection) -> int:
         return self._seq
@@ -614,11 +724,15 @@ class Store:
                 auto = db.execute(
                     "SELECT seq FROM sqlite_sequence WHERE name = 'outbox'"
                 ).fetchone()
-            rows = db.execute(
-                "SELECT MAX(m) FROM (SELECT MAX(seq) m FROM outbox UNION ALL "
-                "SELECT MAX(seq) FROM dead_letter)"
-            ).fetchone()
-        return max(int(floor[0]) if floor else 0, auto[0] if auto else 0, rows[0] or 0)
+            dead = db.execute("SELECT MAX(seq) FROM dead_letter").fetchone()
+            top = self._top_seq(db)
+        return max(int(floor[0]) if floor else 0, auto[0] if auto else 0, dead[0] or 0, top)
+
+    @staticmethod
+    def _top_seq(db: sqlite3.Connection) -> int:
+        """The last seq of the newest outbox row (0 if empty): a rowid look-up."""
+        row = db.execute("SELECT seq + n - 1 FROM outbox ORDER BY seq DESC LIMIT 1").fetchone()
+        return int(row[0]) if row else 0
 
     @staticmethod
     def _has_autoincrement(db: sqlite3.Connection) -> bool:
@@ -635,8 +749,7 @@ class Store:
         (seqs skipped after a restart are gaps, never repeats)."""
         if self._seq < self._seq_floor:
             return
-        top = db.execute("SELECT MAX(seq) FROM outbox").fetchone()[0]
-        if top is None or top < self._seq:
+        if self._top_seq(db) < self._seq:
             self._floor_pending = self._seq + SEQ_BLOCK  # in force once committed
             db.execute(
                 "INSERT OR REPLACE INTO meta VALUES ('last_seq', ?)", (str(self._floor_pending),)
@@ -662,50 +775,89 @@ class Store:
         # drop_oldest: drop waiting (not in-flight) readings, oldest first, enough
         # for the incoming ones plus a margin so we do not drop on every append.
         low = self._inflight_high_seq(db)
-        victims = max(incoming * 2, 64)
-        cur = db.execute(
-            "DELETE FROM outbox WHERE seq IN "
-            "(SELECT seq FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?)",
-            (low, victims),
-        )
-        self._bump(db, "dropped_quota", cur.rowcount)
+        victims, dropped = max(incoming * 2, 64), 0
+        rows = db.execute("SELECT seq, n FROM outbox WHERE seq > ? ORDER BY seq", (low,))
+        last = None
+        for seq, n in rows:
+            if dropped >= victims:
+                break
+            last, dropped = seq, dropped + n
+        if last is not None:
+            db.execute("DELETE FROM outbox WHERE seq > ? AND seq <= ?", (low, last))
+        self._bump(db, "dropped_quota", dropped)
         self._keep_seq_floor(db)
-        log.warning("store quota reached: dropped %d oldest waiting readings", cur.rowcount)
+        log.warning("store quota reached: dropped %d oldest waiting readings", dropped)
 
     def _inflight_high_seq(self, db: sqlite3.Connection) -> int:
         high: int = db.execute("SELECT COALESCE(MAX(last_seq), 0) FROM out_inflight").fetchone()[0]
         return max(high, self.claimed_seq)
 
-    def waiting(self, after_seq: int, limit: int) -> list[tuple[int, dict[str, Any]]]:
-        """Up to ``limit`` waiting readings above ``after_seq``, oldest first, as (seq, reading)."""
+    def waiting_rows(self, after_seq: int, readings: int) -> list[tuple[int, int, bytes]]:
+        """The oldest rows above ``after_seq`` holding at least ``readings`` readings (or
+        all there are), as (seq, n, encoded readings): what the uplink makes messages of."""
         with self._rlock:
-            rows = self._rdb.execute(
-                "SELECT seq, rid, origin, sensor, ts, value, unit, flags FROM outbox "
-                "WHERE seq > ? ORDER BY seq LIMIT ?",
-                (after_seq, limit),
+            db = self._rdb
+            heads = db.execute(
+                "SELECT seq, n FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
+                (after_seq, readings),
             ).fetchall()
-        return [(r[0], self._reading(r)) for r in rows]
+            total, last = 0, after_seq
+            for seq, n in heads:
+                if total >= readings:
+                    break
+                total, last = total + n, seq
+            rows = db.execute(
+                "SELECT seq, n, body FROM outbox WHERE seq > ? AND seq <= ? ORDER BY seq",
+                (after_seq, last),
+            ).fetchall()
+        return [(seq, n, unpack_body(body)) for seq, n, body in rows]
 
-    def _reading(self, row: tuple[Any, ...]) -> dict[str, Any]:
-        seq, rid, origin, sensor, ts, value, unit, flags = row
-        return {
-            "id": rid or f"{origin}/{self.epoch}/{seq}",
-            "origin": origin,
-            "sensor": sensor,
-            "ts": ts,
-            "value": value,
-            "unit": unit,
-            "flags": flags.split(",") if flags else [],
-        }
-
-    def readings_between(self, first_seq: int, last_seq: int) -> list[dict[str, Any]]:
+    def bodies_between(self, first_seq: int, last_seq: int) -> list[bytes]:
+        """The encoded readings of a message's rows, in order (its PUBLISH payload's inside)."""
         with self._rlock:
             rows = self._rdb.execute(
-                "SELECT seq, rid, origin, sensor, ts, value, unit, flags FROM outbox "
-                "WHERE seq BETWEEN ? AND ? ORDER BY seq",
+                "SELECT body FROM outbox WHERE seq BETWEEN ? AND ? ORDER BY seq",
                 (first_seq, last_seq),
             ).fetchall()
-        return [self._reading(r) for r in rows]
+        return [unpack_body(r[0]) for r in rows]
+
+    def waiting(self, after_seq: int, limit: int) -> list[tuple[int, dict[str, Any]]]:
+        """Up to ``limit`` waiting readings above ``after_seq``, oldest first, as (seq, reading)."""
+        out = [
+            (seq + i, r)
+            for seq, _, body in self.waiting_rows(after_seq, limit)
+            for i, r in enumerate(decode_body(body))
+        ]
+        return out[:limit]
+
+    def readings_between(self, first_seq: int, last_seq: int) -> list[dict[str, Any]]:
+        """The readings of the rows that begin between the two seqs, decoded (tools, tests)."""
+        return [r for body in self.bodies_between(first_seq, last_seq) for r in decode_body(body)]
+
+    def split_row_in(self, db: sqlite3.Connection, seq: int, max_bytes: int) -> int:
+        """Split a waiting row into rows of at most ``max_bytes`` of encoded readings (a
+        broker whose Maximum Packet Size is smaller than a row). Returns the rows made."""
+        row = db.execute("SELECT body, queued FROM outbox WHERE seq = ?", (seq,))
+        body, queued = row.fetchone()
+        readings = decode_body(body)
+        pieces: list[tuple[int, list[dict[str, Any]]]] = []
+        size = 0
+        for i, r in enumerate(readings):
+            size_r = len(encode_readings([r])) + 1
+            if not pieces or size + size_r > max_bytes:
+                pieces.append((seq + i, []))
+                size = 0
+            pieces[-1][1].append(r)
+            size += size_r
+        db.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+        db.executemany(
+            INSERT_OUTBOX,
+            [
+                (first, len(rs), _marks(rs), pack_body(encode_readings(rs)), queued)
+                for first, rs in pieces
+            ],
+        )
+        return len(pieces)
 
     # ------------------------------------------------------ sender session
 
@@ -861,9 +1013,9 @@ class Store:
                 (session, pid),
             ).fetchone()
             if row:
-                cur = db.execute("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", row)
-                delivered += cur.rowcount
-                self._bump(db, "delivered", cur.rowcount)
+                n = sum(r[0] for r in db.execute(_DELETE_ROWS, row).fetchall())
+                delivered += n
+                self._bump(db, "delivered", n)
                 self._bump(db, "messages_completed", 1)
         for pid, reason, permanent in refused:
             if not permanent:
@@ -881,15 +1033,22 @@ class Store:
             ).fetchone()
             if not row:
                 continue
-            db.execute(
-                "INSERT OR REPLACE INTO dead_letter "
-                "SELECT seq, COALESCE(rid, origin || '/' || ? || '/' || seq), "
-                "origin, sensor, ts, value, unit, flags, ?, ? "
-                "FROM outbox WHERE seq BETWEEN ? AND ?",
-                (self.epoch, reason, time.time(), *row),
+            now = time.time()
+            dead = [
+                (
+                    *(seq + i, r["id"], r["origin"], r["sensor"], r["ts"], r["value"], r["unit"]),
+                    *(",".join(r["flags"]) or None, reason, now),
+                )
+                for seq, body in db.execute(
+                    "SELECT seq, body FROM outbox WHERE seq BETWEEN ? AND ?", row
+                ).fetchall()
+                for i, r in enumerate(decode_body(body))
+            ]
+            db.executemany(
+                "INSERT OR REPLACE INTO dead_letter VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", dead
             )
-            cur = db.execute("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", row)
-            self._bump(db, "dead_lettered", cur.rowcount)
+            db.execute(_DELETE_ROWS, row).fetchall()
+            self._bump(db, "dead_lettered", len(dead))
         if completed or refused:
             self._keep_seq_floor(db)
         return delivered
@@ -919,7 +1078,9 @@ class Store:
 
     def _count_in(self, db: sqlite3.Connection, ranges: Iterable[tuple[int, int]]) -> int:
         return sum(
-            db.execute("SELECT COUNT(*) FROM outbox WHERE seq BETWEEN ? AND ?", r).fetchone()[0]
+            db.execute(
+                "SELECT COALESCE(SUM(n), 0) FROM outbox WHERE seq BETWEEN ? AND ?", r
+            ).fetchone()[0]
             for r in ranges
         )
 
@@ -978,7 +1139,9 @@ class Store:
     def stats(self) -> dict[str, Any]:
         with self._rlock:
             db = self._rdb
-            backlog, oldest_seq = db.execute("SELECT COUNT(*), MIN(seq) FROM outbox").fetchone()
+            backlog, oldest_seq = db.execute(
+                "SELECT COALESCE(SUM(n), 0), MIN(seq) FROM outbox"
+            ).fetchone()
             oldest = db.execute("SELECT queued FROM outbox WHERE seq = ?", (oldest_seq,)).fetchone()
             inflight = db.execute("SELECT COUNT(*) FROM out_inflight").fetchone()[0]
             dead = db.execute("SELECT COUNT(*) FROM dead_letter").fetchone()[0]
@@ -1005,10 +1168,7 @@ def is_disk_full(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
 
 
-INSERT_OUTBOX = (
-    "INSERT INTO outbox (seq, rid, origin, sensor, ts, value, unit, flags, queued) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
+INSERT_OUTBOX = "INSERT INTO outbox (seq, n, marks, body, queued) VALUES (?, ?, ?, ?, ?)"
 
 
 def add_to_ranges(ranges: list[list[int]], seq: int) -> list[list[int]]:
@@ -1034,20 +1194,32 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def encode_reading(reading: dict[str, Any]) -> bytes:
-    return json.dumps(reading, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+_DELETE_ROWS = "DELETE FROM outbox WHERE seq BETWEEN ? AND ? RETURNING n"
 
 
-def encode_payload(gateway: str, encoded_readings: Sequence[bytes]) -> bytes:
-    """The gateway-to-cloud wire format, version 1 (docs/wire-format.md).
-
-    Deterministic: the same readings always give the same bytes, so a DUP
-    resend rebuilt from the store is byte-identical to the first PUBLISH.
-    """
-    return b"".join((payload_head(gateway), b",".join(encoded_readings), b"]}"))
+def _marks(readings: Iterable[dict[str, Any]]) -> str | None:
+    return ",".join(sorted({f for r in readings for f in r["flags"]})) or None
 
 
-def payload_head(gateway: str) -> bytes:
-    return (
-        b'{"v":1,"gateway":' + json.dumps(gateway, ensure_ascii=False).encode() + b',"readings":['
-    )
+def _outbox_row(first: int, encoded: list[bytes], marks: set[str], now: float) -> tuple[Any, ...]:
+    body = pack_body(b",".join(encoded))
+    return (first, len(encoded), ",".join(sorted(marks)) or None, body, now)
+
+
+def pack_body(raw: bytes) -> bytes:
+    """What the outbox stores for encoded readings: zlib when that is smaller.
+    Encoded readings begin with ``{``, a zlib stream never does (RFC 1950)."""
+    if len(raw) >= COMPRESS_FROM:
+        packed = zlib.compress(raw, 1)
+        if len(packed) < len(raw):
+            return packed
+    return raw
+
+
+def unpack_body(stored: bytes) -> bytes:
+    return stored if stored[:1] == b"{" else zlib.decompress(stored)
+
+
+def decode_body(stored: bytes) -> list[dict[str, Any]]:
+    readings: list[dict[str, Any]] = json.loads(b"[" + unpack_body(stored) + b"]")
+    return readings

@@ -62,7 +62,8 @@ from .session import (
     SenderSession,
     SessionError,
 )
-from .store import QUEUED, Message, Store, encode_payload, encode_reading, payload_head
+from .store import QUEUED, Message, Store
+from .wire import encode_payload, payload_head
 
 log = logging.getLogger(__name__)
 
@@ -524,11 +525,11 @@ class _Link:
         return max(0.0, self.partial_since + self.up.cfg.linger - time.monotonic())
 
     def drained(self) -> bool:
-        return not self.live and not self.queued and not self.store.waiting(self.cursor, 1)
+        return not self.live and not self.queued and not self.store.waiting_rows(self.cursor, 1)
 
     def payload_of(self, m: Message) -> bytes:
-        readings = self.store.readings_between(m.first_seq, m.last_seq)
-        return encode_payload(self.store.gateway_id, [encode_reading(r) for r in readings])
+        bodies = self.store.bodies_between(m.first_seq, m.last_seq)
+        return encode_payload(self.store.gateway_id, bodies)
 
     async def resend(self) -> None:
         """MQTT-4.4.0-1 / 4.6.0-1: in-flight packets again, same ids, original order."""
@@ -553,7 +554,14 @@ class _Link:
             fresh.append((m, self.payload_of(m)))
             quota -= 1
         if quota:
-            fresh += self._batches(quota)
+            batches, too_big = self._batches(quota)
+            fresh += batches
+            if too_big is not None and not fresh:
+                # A row larger than the broker takes: split it (rare: a small Maximum
+                # Packet Size), then fill again.
+                room = self.max_bytes - len(self.up._head) - 2
+                await self.up.commit(lambda db: self.store.split_row_in(db, too_big, room), True)
+                return await self.fill_window()
         if not fresh:
             return
         msgs = [m for m, _ in fresh]
@@ -579,36 +587,40 @@ class _Link:
         await self.conn.send(*(Publish(m.topic, p, m.qos, packet_id=m.packet_id) for m, p in fresh))
         crash_point("publish_written")
 
-    def _batches(self, quota: int) -> list[tuple[Message, bytes]]:
+    def _batches(self, quota: int) -> tuple[list[tuple[Message, bytes]], int | None]:
+        """New messages of whole outbox rows, oldest first, about ``batch`` readings each
+        (a row is never split between messages), and the seq of a row too large for the
+        broker's Maximum Packet Size on its own, if one stopped the filling."""
         batch, head = self.up.cfg.batch, len(self.up._head) + 2
-        rows = self.store.waiting(self.cursor, quota * batch)
-        self.backed_up = len(rows) >= batch
+        rows = self.store.waiting_rows(self.cursor, quota * batch)
+        self.backed_up = sum(n for _, n, _ in rows) >= batch
         if not rows:
             self.partial_since = None
-            return []
+            return [], None
         if not self.backed_up and self.lingering:
             if self.partial_since is None:
                 self.partial_since = time.monotonic()
             if self.linger_left():
-                return []  # a short batch: wait for more readings to share its message
+                return [], None  # a short batch: wait for more readings to share its message
         self.partial_since = None
         out: list[tuple[Message, bytes]] = []
         i = 0
         while i < len(rows) and len(out) < quota:
-            first, size, encoded = rows[i][0], head, []
-            while i < len(rows) and len(encoded) < batch:
-                e = encode_reading(rows[i][1])
-                if encoded and size + len(e) + 1 > self.max_bytes:
+            first, size, count, bodies = rows[i][0], head, 0, []
+            while i < len(rows) and count < batch:
+                seq, n, body = rows[i]
+                if bodies and (size + len(body) + 1 > self.max_bytes or count + n > batch):
                     break
-                encoded.append(e)
-                size += len(e) + 1
-                i += 1
-            last = rows[i - 1][0]
+                if size + len(body) > self.max_bytes and n > 1:
+                    return out, seq  # alone, it is still too large: split it first
+                bodies.append(body)
+                size, count, i = size + len(body) + 1, count + n, i + 1
+            last = rows[i - 1][0] + rows[i - 1][1] - 1
             pid = self.session.allocate(self.qos).packet_id
             m = Message(0, pid, self.qos, QUEUED, self.up.topic, first, last)
-            out.append((m, encode_payload(self.store.gateway_id, encoded)))
+            out.append((m, encode_payload(self.store.gateway_id, bodies)))
             self.cursor = last
-        return out
+        return out, None
 
     def _delivered(self, done: asyncio.Future[int]) -> None:
         if not done.cancelled() and done.exception() is None and done.result():

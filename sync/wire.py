@@ -8,6 +8,7 @@ are not JSON, so they are refused here.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from typing import Annotated, Any
 
@@ -68,3 +69,31 @@ def parse_node_message(payload: bytes) -> NodeMessage | str:
         # NaN and Infinity parse, then fail as numbers: they are not JSON all the same.
         not_json = {"json_invalid", "json_type", "finite_number"}
         return "invalid_json" if kinds & not_json else "invalid_schema"
+
+
+def encode_readings(readings: Sequence[dict[str, Any]]) -> bytes:
+    """Readings in the cloud wire format, comma separated (the inside of ``readings: [...]``).
+
+    Deterministic: the same readings always give the same bytes, which is what lets
+    a DUP resend rebuilt from the store be byte-identical to the first PUBLISH.
+    Raises ValueError on NaN or Infinity (not JSON).
+    """
+    return json.dumps(readings, separators=(",", ":"), ensure_ascii=False, allow_nan=False)[
+        1:-1
+    ].encode()
+
+
+def encode_reading(reading: dict[str, Any]) -> bytes:
+    return encode_readings([reading])
+
+
+def encode_payload(gateway: str, bodies: Sequence[bytes]) -> bytes:
+    """The gateway-to-cloud wire format, version 1 (docs/wire-format.md), from readings
+    already encoded (``encode_readings``)."""
+    return b"".join((payload_head(gateway), b",".join(bodies), b"]}"))
+
+
+def payload_head(gateway: str) -> bytes:
+    return (
+        b'{"v":1,"gateway":' + json.dumps(gateway, ensure_ascii=False).encode() + b',"readings":['
+    )

@@ -114,7 +114,7 @@ class GatewayProc:
         try:
             epoch = db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()[0]
             floor = db.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
-            top = db.execute("SELECT MAX(seq) FROM outbox").fetchone()[0]
+            top = db.execute("SELECT MAX(seq + n - 1) FROM outbox").fetchone()[0]
         finally:
             db.close()
         return epoch, max(int(floor[0]) if floor else 0, top or 0)

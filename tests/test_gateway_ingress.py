@@ -18,7 +18,7 @@ from pubcomp.gateway.config import IngressSection
 from pubcomp.gateway.credentials import hash_password
 from pubcomp.gateway.ingress import Ingress
 from pubcomp.gateway.intake import Intake
-from pubcomp.sync.store import Store
+from pubcomp.sync.store import Store, decode_body
 
 PASSWORDS = {"node-1": "pw-one", "node-2": "pw-two"}
 HASHES = {n: hash_password(p) for n, p in PASSWORDS.items()}
@@ -48,11 +48,16 @@ class Harness:
         assert ready.wait(10)
 
     def ids(self) -> list[str]:
+        return [r["id"] for r in self.readings()]
+
+    def readings(self) -> list[dict[str, Any]]:
+        """What is committed, read by a connection of its own."""
         db = sqlite3.connect(self.store_path)
         try:
-            return [r[0] for r in db.execute("SELECT rid FROM outbox ORDER BY seq")]
+            rows = db.execute("SELECT body FROM outbox ORDER BY seq").fetchall()
         finally:
             db.close()
+        return [r for (body,) in rows for r in decode_body(body)]
 
     def close(self) -> None:
         async def stop() -> None:
@@ -142,11 +147,14 @@ def test_puback_only_after_the_readings_are_committed(gw: Harness, v5: bool) -> 
     for seq, mid in enumerate(mids, 1):
         assert f"node-1/7/{seq}.2" in seen_at_ack[mid]  # committed before it was acknowledged
     assert len(gw.ids()) == 60
-    db = sqlite3.connect(gw.store_path)
-    row = db.execute(
-        "SELECT origin, sensor, ts, value, unit FROM outbox WHERE rid = 'node-1/7/3.1'"
-    ).fetchone()
-    assert row == ("node-1", "s1", "2026-11-21T12:00:00.000Z", 3.1, "C")
+    (row,) = [r for r in gw.readings() if r["id"] == "node-1/7/3.1"]
+    assert (row["origin"], row["sensor"], row["ts"], row["value"], row["unit"]) == (
+        "node-1",
+        "s1",
+        "2026-11-21T12:00:00.000Z",
+        3.1,
+        "C",
+    )
 
 
 def test_a_repeated_node_boot_seq_is_acknowledged_and_stored_once(gw: Harness) -> None:
@@ -279,7 +287,8 @@ def test_a_flooding_node_does_not_hold_up_another(tmp_path: Path) -> None:
 
 
 def test_store_full_means_no_acknowledgement(tmp_path: Path) -> None:
-    h = Harness(tmp_path, store={"quota_bytes": 120 * 1024, "policy": "refuse_new"})
+    # Packed rows hold 100 readings in about 1 kB: the quota is full after a dozen messages.
+    h = Harness(tmp_path, store={"quota_bytes": 24 * 1024, "policy": "refuse_new"})
     try:
         node = Node(h.port, "node-1", v5=True)
         assert node.connected.wait(10)
@@ -287,7 +296,8 @@ def test_store_full_means_no_acknowledgement(tmp_path: Path) -> None:
             node.publish("nodes/node-1/readings", payload("node-1", 1, s, n=100))
             for s in range(1, 40)
         ]
-        time.sleep(2)
+        # The refusal closes the connection: every PUBACK the gateway sent came before it.
+        assert node.disconnected.wait(30)
         acked = [m for m in mids if m in node.acks]
         node.c.loop_stop()
         assert 0 < len(acked) < len(mids)  # acknowledged up to the quota, then not at all

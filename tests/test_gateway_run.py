@@ -165,7 +165,7 @@ def test_a_graceful_stop_delivers_what_lingers(tmp_path: Path, mosquitto: Mosqui
     finally:
         assert gw.terminate() == 0
     db = sqlite3.connect(gw.db)
-    left = db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+    left = db.execute("SELECT COALESCE(SUM(n), 0) FROM outbox").fetchone()[0]
     delivered = db.execute("SELECT value FROM counters WHERE name = 'delivered'").fetchone()[0]
     db.close()
     assert left == 0, f"{left} readings still in the store after a graceful stop"

@@ -22,7 +22,7 @@ def outbox_count(path: Path) -> int:
     """Read by a connection of its own: only what is committed is seen."""
     db = sqlite3.connect(path)
     try:
-        n: int = db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+        n: int = db.execute("SELECT COALESCE(SUM(n), 0) FROM outbox").fetchone()[0]
     finally:
         db.close()
     return n

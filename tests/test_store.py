@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -53,7 +54,8 @@ def test_seq_is_never_reused_after_delivery(tmp_path: Path) -> None:
 def test_message_lifecycle_rules_1_to_3(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     with Store(path) as s:
-        s.append(readings(10))
+        s.append(readings(4))  # a row each: messages take whole rows
+        s.append(readings(6, 4))
         m1 = Message(0, 7, 2, QUEUED, "t", 1, 4)
         m2 = Message(0, 8, 2, QUEUED, "t", 5, 10)
         s.begin_messages("k", [m1, m2])
@@ -77,7 +79,8 @@ def test_message_lifecycle_rules_1_to_3(tmp_path: Path) -> None:
 
 def test_session_loss_requeues_with_the_same_readings(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
-        s.append(readings(6))
+        s.append(readings(3))
+        s.append(readings(3, 3))
         s.begin_messages(
             "k", [Message(0, 1, 2, QUEUED, "t", 1, 3), Message(0, 2, 2, QUEUED, "t", 4, 6)]
         )
@@ -97,7 +100,8 @@ def test_session_loss_requeues_with_the_same_readings(tmp_path: Path) -> None:
 
 def test_refusals_dead_letter_or_requeue(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
-        s.append(readings(4))
+        s.append(readings(2))
+        s.append(readings(2, 2))
         s.begin_messages(
             "k", [Message(0, 1, 2, QUEUED, "t", 1, 2), Message(0, 2, 2, QUEUED, "t", 3, 4)]
         )
@@ -131,14 +135,15 @@ def test_quota_refuse_new(tmp_path: Path) -> None:
 
 
 def test_quota_drop_oldest_never_drops_inflight(tmp_path: Path) -> None:
-    with Store(tmp_path / "s.db", quota_bytes=256 * 1024, policy="drop_oldest") as s:
+    # 64 kB: 10,000 readings take about 100 kB in packed rows.
+    with Store(tmp_path / "s.db", quota_bytes=64 * 1024, policy="drop_oldest") as s:
         s.append(readings(10))
         s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", 1, 10)])
         for i in range(200):
             s.append(readings(50, 100 + i * 50))
         st = s.stats()
         assert st["counters"]["dropped_quota"] > 0
-        assert st["store_bytes"] <= 256 * 1024 * 1.25
+        assert st["store_bytes"] <= 64 * 1024 * 1.25
         assert len(s.readings_between(1, 10)) == 10  # the in-flight message is intact
         # What survives is the newest data.
         newest = s.waiting(10, 100_000)
@@ -262,9 +267,8 @@ def test_receiver_ids_commit_with_the_data_rule_5(tmp_path: Path) -> None:
     with Store(path, gateway_id="gw") as s:
         with s.transaction() as db:
             s.qos2_record(db, "ingress#node-1", 17)
-            db.execute(
-                "INSERT INTO outbox (rid, origin, sensor, value, queued) "
-                "VALUES ('node-1/3/9.0', 'node-1', 't', 1.5, 0)"
+            s.append_batches_in(
+                db, [(None, [Reading("t", 1.5, origin="node-1", id="node-1/3/9.0")])]
             )
         with pytest.raises(RuntimeError), s.transaction() as db:
             s.qos2_record(db, "ingress#node-1", 18)
@@ -296,3 +300,75 @@ def test_group_commit_with_message_keys_stores_each_message_once(tmp_path: Path)
         assert s.append_batches([("node-1/3/9", r)]) == [False]
         assert s.prune_seen(older_than_s=-1) == 2  # node-1 boot 3, node-2 boot 1
         assert s.append_batches([("node-1/3/9", r)]) == [True]
+
+
+def test_a_store_made_before_schema_3_is_packed_with_its_seqs_and_ids(tmp_path: Path) -> None:
+    """Schema 1 and 2 kept one outbox row per reading. Opening such a file packs them
+    once: the same ids and values, in-flight ranges intact, seqs never given twice."""
+    from pubcomp.sync.store import SCHEMA
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE outbox (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, rid TEXT, origin TEXT NOT NULL,
+            sensor TEXT NOT NULL, ts TEXT, value REAL, unit TEXT, flags TEXT,
+            queued REAL NOT NULL);
+        CREATE TABLE out_inflight (
+            ord INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL, packet_id INTEGER,
+            state TEXT NOT NULL, qos INTEGER NOT NULL, topic TEXT NOT NULL,
+            first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, UNIQUE (session, packet_id));
+        """
+        + SCHEMA
+    )
+    db.executemany(
+        "INSERT INTO meta VALUES (?, ?)",
+        [("epoch", "e0"), ("gateway_id", "gw"), ("schema_version", "1")],
+    )
+    old = [(None, "gw", "t", "2026-11-21T00:00:00.000Z", float(i), "C", None, 0) for i in range(12)]
+    old[3] = ("node-1/2/9.0", "node-1", "h", None, None, None, "clock_unsynced,x", 0)
+    db.executemany(
+        "INSERT INTO outbox (rid, origin, sensor, ts, value, unit, flags, queued) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        old,
+    )
+    db.execute("DELETE FROM outbox WHERE seq > 6")  # delivered; AUTOINCREMENT remembers 12
+    db.execute(
+        "INSERT INTO out_inflight (session, packet_id, state, qos, topic, first_seq, last_seq) "
+        "VALUES ('k', 4, 'PUBREL_SENT', 2, 't', 1, 4)"
+    )
+    db.commit()
+    db.close()
+    with Store(path) as s:
+        assert [r["id"] for r in s.readings_between(1, 4)] == [
+            "gw/e0/1",
+            "gw/e0/2",
+            "gw/e0/3",
+            "node-1/2/9.0",
+        ]
+        assert s.readings_between(4, 4)[0]["flags"] == ["clock_unsynced", "x"]
+        assert [r["value"] for _, r in s.waiting(4, 10)] == [4.0, 5.0]
+        assert s.apply("k", completed=[4]) == 4  # rule 3 on the packed rows
+        assert s.stats()["backlog"] == 2
+        first, _ = s.append(readings(1))
+        assert first > 12  # above the AUTOINCREMENT high-water mark of the old file
+    db = sqlite3.connect(path)
+    cols = [r[1] for r in db.execute("PRAGMA table_info(outbox)")]
+    inflight = db.execute("SELECT sql FROM sqlite_master WHERE name = 'out_inflight'").fetchone()
+    version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    db.close()
+    assert cols == ["seq", "n", "marks", "body", "queued"] and version == "3"
+    assert "AUTOINCREMENT" not in inflight[0]  # one page less per commit
+
+
+def test_packed_rows_are_split_for_a_small_broker_and_keep_their_seqs(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        s.append(readings(40))
+        before = s.readings_between(1, 40)
+        with s.transaction() as db:
+            assert s.split_row_in(db, 1, 600) > 1
+        rows = s.waiting_rows(0, 100)
+        assert all(len(body) <= 600 for _, _, body in rows)
+        assert rows[0][0] == 1 and sum(n for _, n, _ in rows) == 40
+        assert s.readings_between(1, 40) == before  # the same ids (gw/epoch/seq), in order

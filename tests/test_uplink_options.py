@@ -15,6 +15,7 @@ import pytest
 from pubcomp.checker import Checker, exactly_once_report
 from pubcomp.devbroker import Mosquitto, free_port
 from pubcomp.sync.packets import Publish
+from pubcomp.sync.store import Reading, Store
 from pubcomp.sync.uplink import UplinkConfig
 from tests.test_uplink_bad_peers import FakeBroker, run_uplink_against
 from tests.uplink_helpers import fill_store, run_uplink, start_uplink, stop_after
@@ -230,3 +231,20 @@ def test_qos1_mode_against_mosquitto_with_kills(tmp_path: Path, mosquitto: Mosqu
         checker.stop()
     report = exactly_once_report(counts, expected)
     assert report["missing"] == 0 and report["unexpected"] == 0, report
+
+
+def test_a_row_larger_than_the_broker_takes_is_split_and_sent_whole(tmp_path: Path) -> None:
+    """A node's 100 readings are one outbox row (about 11 kB of JSON); a broker that takes
+    2 kB packets gets them in several PUBLISHes, each reading once, with its own id."""
+    with Store(tmp_path / "gw.db", gateway_id="gw1") as store:
+        first, last = store.append(
+            Reading(f"s{i}", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(100)
+        )
+        big = {f"gw1/{store.epoch}/{seq}" for seq in range(first, last + 1)}
+        assert len(store.waiting_rows(0, 100)) == 1
+    broker = FakeBroker(connack_props={"maximum_packet_size": 2048})
+    _, expected = run_uplink_against(tmp_path, broker, n=5, config=UplinkConfig(batch=100))
+    pubs = [p for p in broker.seen if isinstance(p, Publish)]
+    assert len(pubs) > 5 and max(len(p.payload) for p in pubs) <= 2048 - 512
+    assert set(broker.delivered) == expected | big
+    assert set(broker.delivered.values()) == {1}

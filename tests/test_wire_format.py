@@ -54,12 +54,13 @@ def test_uplink_payloads_validate_and_dup_resend_is_byte_identical(tmp_path: Pat
                     flags=["clock_unsynced"],
                     id="node-7/42/1187.0",
                 ),
-                *[
-                    Reading("é-sensor", float(i), "2026-11-21T12:00:06.000Z", "°C")
-                    for i in range(30)
-                ],
             ]
         )
+        for start in range(0, 30, 6):  # rows of 6: messages of whole rows, several of them
+            s.append(
+                Reading("é-sensor", float(i), "2026-11-21T12:00:06.000Z", "°C")
+                for i in range(start, start + 6)
+            )
 
     async def main() -> None:
         port = await broker.start()

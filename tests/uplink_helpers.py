@@ -13,13 +13,17 @@ from pubcomp.sync.store import Reading, Store
 
 
 def fill_store(path: Path, n: int, gateway: str = "gw1") -> set[str]:
-    """Put n readings in a (new) store; return their reading ids."""
+    """Put n readings in a (new) store, five to a commit as a gateway's sensors would;
+    return their reading ids."""
     with Store(path, gateway_id=gateway) as store:
-        first, last = store.append(
-            Reading(f"s{i % 7}", float(i), f"2026-11-21T00:00:{i % 60:02d}.000Z", "C")
-            for i in range(n)
-        )
-        return {f"{gateway}/{store.epoch}/{seq}" for seq in range(first, last + 1)}
+        seqs: list[int] = []
+        for start in range(0, n, 5):
+            first, last = store.append(
+                Reading(f"s{i % 7}", float(i), f"2026-11-21T00:00:{i % 60:02d}.000Z", "C")
+                for i in range(start, min(n, start + 5))
+            )
+            seqs += range(first, last + 1)
+        return {f"{gateway}/{store.epoch}/{seq}" for seq in seqs}
 
 
 def uplink_cmd(store: Path, url: str, *extra: str, client_id: str = "gw1") -> list[str]:
