@@ -305,10 +305,15 @@ def main() -> None:
     ap.add_argument("--systems", default="pubcomp,bridge,bridge-autosave")
     ap.add_argument("--seconds", type=float, default=None, help="each run (default per shape)")
     ap.add_argument("--commit-delay-ms", type=float, help="pubcomp's store.commit_delay_ms")
+    ap.add_argument(
+        "--commit-delay-max-ms", type=float, help="pubcomp's store.commit_delay_max_ms"
+    )
     ap.add_argument("--linger-ms", type=float, help="pubcomp's uplink.linger_ms")
     args = ap.parse_args()
     if args.commit_delay_ms is not None:
-        SETTINGS["store"] = {"commit_delay_ms": args.commit_delay_ms}
+        SETTINGS.setdefault("store", {})["commit_delay_ms"] = args.commit_delay_ms
+    if args.commit_delay_max_ms is not None:
+        SETTINGS.setdefault("store", {})["commit_delay_max_ms"] = args.commit_delay_max_ms
     if args.linger_ms is not None:
         SETTINGS["uplink"] = {"linger_ms": args.linger_ms}
     disks = args.disks.split(",")

@@ -89,6 +89,10 @@ class StoreSection(_Model):
     policy: Literal["refuse_new", "drop_oldest"] = "refuse_new"
     # How long a node's PUBACK may wait for other messages to share its fsync.
     commit_delay_ms: Annotated[float, Field(ge=0, le=1000)] = 10  # bench/wear.py
+    # A node that sends seldom may have its PUBACK held for 5 % of the time between its
+    # messages, up to this long, so a quiet fleet's messages share fsyncs (0: never
+    # longer than commit_delay_ms).
+    commit_delay_max_ms: Annotated[float, Field(ge=0, le=10_000)] = 500  # bench/wear.py
     # How long sensor readings (nobody waits for them) may wait for a commit.
     sensor_delay_ms: Annotated[float, Field(ge=0, le=60_000)] = 1000
     # The card's rated endurance, for the projected life on the status page.

@@ -447,7 +447,7 @@ class Ingress:
             if ack is None:
                 return []
             return [session.refuse(pkt, reason[0]) if version == MQTT_5 else ack]
-        stored = await self.intake.submit(key, readings)  # StoreFull: no ack at all
+        stored = await self.intake.submit(key, readings, node)  # StoreFull: no ack at all
         st.messages += 1
         if stored:
             st.readings += len(readings)

@@ -1,7 +1,8 @@
 """Intake: every reading on its way into the store, through the gateway's group commit.
 
 Node messages wait for their commit (the ingress sends PUBACK only after it)
-and may wait ``commit_delay`` for company; sensor readings, which nobody
+and may wait ``commit_delay`` for company, or longer for a node that sends
+seldom (its *patience*, below); sensor readings, which nobody
 waits for, gather for up to ``sensor_delay`` and ride whatever commit comes
 first. The commits themselves are the shared ``GroupCommit``'s (one
 transaction, one fsync for node messages, sensor readings and the uplink's
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +25,12 @@ from pubcomp.sync.store import Reading, Store, StoreFull
 log = logging.getLogger(__name__)
 
 SENSOR_DELAY_S = 1.0
+# A node's PUBACK may be held for this share of the time between its messages (up to
+# ``max_hold``): a node that reports every 10 s waits up to 0.5 s, and the messages of
+# a quiet fleet share fsyncs instead of paying one each. A node that sends as fast as it
+# is acknowledged has a gap of one commit, so its patience stays below ``commit_delay``
+# and it is never slowed (docs/architecture.md, "What is written when").
+PATIENCE = 0.05
 
 
 @dataclass
@@ -42,6 +50,7 @@ class Intake:
         commits: GroupCommit | None = None,
         commit_delay: float = 0.002,
         sensor_delay: float = SENSOR_DELAY_S,
+        max_hold: float = 0.0,
         on_commit: Callable[[Sequence[Reading]], None] | None = None,
     ) -> None:
         self.store = store
@@ -49,22 +58,31 @@ class Intake:
         self._own_commits = commits is None
         self.on_commit = on_commit  # sees the sensor readings of each commit, after it
         self.sensor_delay = sensor_delay
+        self.max_hold = max_hold
+        self._arrivals: dict[str, tuple[float, float]] = {}  # producer: (last, smoothed gap)
         self.stats = IntakeStats()
         self._sensor: list[Reading] = []
         self._state: dict[str, str] = {}
         self._in_flight = 0  # readings handed to the group commit, not yet committed
         self.commits.add_source(self._take_sensor_readings)
 
-    async def submit(self, key: str | None, readings: Sequence[Reading]) -> bool:
+    async def submit(
+        self, key: str | None, readings: Sequence[Reading], producer: str | None = None
+    ) -> bool:
         """Commit a message's readings; True if stored, False if ``key`` was seen before.
 
         Raises StoreFull when the store refuses: the caller must not acknowledge.
         """
         batch = [(key, readings)]
         self._in_flight += len(readings)
+        patience = self.patience(producer)
         try:
             stored: bool = await self.commits.submit(
-                lambda db: self.store.append_batches_in(db, batch)[0], peer=True
+                lambda db: self.store.append_batches_in(db, batch)[0],
+                within=patience,
+                # A patient message waits for its deadline: it must not count towards
+                # the "as many as waited together lately" rule, which would send it alone.
+                peer=patience is None,
             )
         except StoreFull:
             self.stats.refused_full += 1
@@ -80,6 +98,23 @@ class Intake:
         else:
             self.stats.duplicates += 1
         return stored
+
+    def patience(self, producer: str | None) -> float | None:
+        """How long this producer's message may wait for company, if longer than the
+        commit delay: ``PATIENCE`` of the shorter of its last gap and its smoothed gap
+        (a node speeding up is served at once), at most ``max_hold``."""
+        if producer is None or self.max_hold <= 0:
+            return None
+        now = time.monotonic()
+        last, smooth = self._arrivals.get(producer, (None, None))
+        self._arrivals[producer] = (now, 0.0)
+        if last is None:
+            return None
+        gap = now - last
+        smooth = gap if not smooth else 0.8 * smooth + 0.2 * gap
+        self._arrivals[producer] = (now, smooth)
+        within = min(self.max_hold, PATIENCE * min(gap, smooth))
+        return within if within > self.commits.commit_delay else None
 
     def add(self, reading: Reading) -> None:
         """A sensor reading: committed with the next group, at the latest after ``sensor_delay``."""

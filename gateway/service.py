@@ -83,6 +83,7 @@ class Gateway:
             self.store,
             commits=self.commits,
             sensor_delay=cfg.store.sensor_delay_ms / 1000,
+            max_hold=cfg.store.commit_delay_max_ms / 1000,
             on_commit=None if audit is None else lambda rs: audit(rs, cfg.id),
         )
         self.ingress: Ingress | None = None
