@@ -96,7 +96,8 @@ class _Collector:
             m.add_metric([], float("nan") if value is None else float(value))  # type: ignore[attr-defined]
             yield m
         events = CounterMetricFamily("pubcomp_store_events", "store counters", labels=["event"])
-        for name, value in sorted(st["counters"].items()):
+        # dropped_quota is there from 0, so that increase() sees the first drop (PubcompStoreFull).
+        for name, value in sorted(({"dropped_quota": 0} | st["counters"]).items()):
             events.add_metric([name], value)
         yield events
         readings = CounterMetricFamily("pubcomp_sensor_readings", "readings", labels=["sensor"])

@@ -1,6 +1,7 @@
 """The metrics the alert rules need beside the rest (examples/prometheus/pubcomp-alerts.yml),
 from a real gateway process: the store's quota, the start time (a change is a restart, which
-PubcompGatewayRestarting counts) and the gateway's id and fleet as an info metric."""
+PubcompGatewayRestarting counts), the store's dropped_quota count from 0 (PubcompStoreFull)
+and the gateway's id and fleet as an info metric."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def test_quota_start_time_and_info(tmp_path: Path, mosquitto: Mosquitto) -> None
         info = ("pubcomp_gateway_info", (("fleet", "e2e"), ("gateway", "gw-e2e")))
         assert first[info] == 1.0
         assert before - 0.2 <= first[START] <= after
+        # Exported from 0 before the store counts any, so increase() sees the first drop.
+        assert first[("pubcomp_store_events_total", (("event", "dropped_quota"),))] == 0
         # The start time stays put while the process runs: only a restart changes it.
         assert wait_until(lambda: samples(scrape_text(gw))[UP] > first[UP] + 0.5, 30)
         assert samples(scrape_text(gw))[START] == first[START]
