@@ -72,3 +72,10 @@ def test_every_alert_tells_the_operator_what_to_do() -> None:
         ann = r["annotations"]
         assert "{{ $labels.instance }}" in ann["summary"], r["alert"]
         assert len(ann["description"]) > 150, f"{r['alert']}: say what it means and what to do"
+
+
+def test_every_alert_is_in_the_operations_guide() -> None:
+    guide = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    section = guide.split("## Prometheus alerts and the Grafana dashboard", 1)[1].split("\n## ")[0]
+    missing = [r["alert"] for r in alert_rules() if f"| {r['alert']} |" not in section]
+    assert not missing, "add them to the table in docs/operations.md"
