@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +32,21 @@ class _Collector:
 
     def __init__(self) -> None:
         self.snap: dict[str, Any] = {}
+        self.started: float | None = None  # Unix time the gateway started, fixed at first scrape
 
     def collect(self) -> Iterable[Metric]:
         s = self.snap
         if not s:
             return
         up, st, it, clk = s["uplink"], s["store"], s["intake"], s["clock"]
+        if self.started is None:
+            # Fixed once, so it changes only when the process does (``changes()`` counts restarts).
+            self.started = round(s["time"] - s["uptime_s"], 1)
+        yield InfoMetricFamily(
+            "pubcomp_gateway",
+            "the gateway's id and fleet",
+            {"gateway": s["gateway"], "fleet": s["fleet"]},
+        )
 
         plain: list[tuple[type[Metric], str, str, float | None]] = [
             (GaugeMetricFamily, "uplink_connected", "1 while connected to the cloud broker",
@@ -60,11 +69,15 @@ class _Collector:
             (CounterMetricFamily, "intake_refused_messages", "node messages refused: store full",
              it["refused_full"]),
             (GaugeMetricFamily, "store_bytes", "bytes used inside the store", st["store_bytes"]),
+            (GaugeMetricFamily, "store_quota_bytes",
+             "the store's quota (store.quota_mb), NaN without one", st["quota_bytes"]),
             (GaugeMetricFamily, "disk_free_bytes", "free bytes on the store's file system",
              st["disk_free_bytes"]),
             (GaugeMetricFamily, "clock_synced", "1 when the wall clock is trusted (NTP or GPS)",
              clk["synced"]),
             (GaugeMetricFamily, "up_seconds", "seconds since the gateway started", s["uptime_s"]),
+            (GaugeMetricFamily, "start_timestamp_seconds",
+             "Unix time the gateway process started: each change is a restart", self.started),
             (CounterMetricFamily, "store_commits", "store transactions committed (one fsync each)",
              st["commits"]),
             (CounterMetricFamily, "store_fsyncs", "fsyncs by the store (commits, 2 per checkpoint)",
@@ -83,7 +96,8 @@ class _Collector:
             m.add_metric([], float("nan") if value is None else float(value))  # type: ignore[attr-defined]
             yield m
         events = CounterMetricFamily("pubcomp_store_events", "store counters", labels=["event"])
-        for name, value in sorted(st["counters"].items()):
+        # dropped_quota is there from 0, so that increase() sees the first drop (PubcompStoreFull).
+        for name, value in sorted(({"dropped_quota": 0} | st["counters"]).items()):
             events.add_metric([name], value)
         yield events
         readings = CounterMetricFamily("pubcomp_sensor_readings", "readings", labels=["sensor"])

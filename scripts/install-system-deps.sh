@@ -12,6 +12,7 @@ command -v node >/dev/null 2>&1 || need+=(nodejs)   # MicroPython's WebAssembly 
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)   # the status page's browser test (--headless)
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)   # the power-cut test file system
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)   # promtool checks and unit-tests the alert rules
 [ -e /usr/lib/x86_64-linux-gnu/libfuse3.so.3 ] || ldconfig -p 2>/dev/null | grep -q libfuse3.so.3 || need+=(libfuse3-3)
 
 if [ ${#need[@]} -eq 0 ]; then
@@ -26,5 +27,6 @@ echo "installing Debian packages: ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-# The Debian package starts a system-wide broker on port 1883; the tests start
-# their own on free ports and do not need it.
+# The Debian packages start a system-wide broker on port 1883 (mosquitto) and a
+# Prometheus server on port 9090 (prometheus, which brings promtool); the tests
+# start their own broker on free ports and run promtool only, so need neither.
