@@ -295,6 +295,8 @@ class Gateway:
                 "commits": self.commits.stats.commits,
                 "duplicates": it.duplicates,
                 "refused_full": it.refused_full,
+                "sensor_readings_refused": it.counters["sensor_readings_refused"],
+                "sensor_readings_lost": it.counters["sensor_readings_lost"],
                 "queued": self.intake.queued,
                 "last_error": it.last_error,
             },
