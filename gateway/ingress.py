@@ -485,17 +485,28 @@ class Ingress:
             flags.append("ts_from_gateway")
         else:
             base = datetime.fromisoformat(msg.ts.replace("Z", "+00:00"))
+        stamps: dict[float, str] = {}  # readings of a message mostly share their dt (0)
+
+        def stamp(dt: float) -> str:
+            ts = stamps.get(dt)
+            if ts is None:
+                ts = stamps[dt] = (
+                    (base - timedelta(seconds=dt))
+                    .isoformat(timespec="milliseconds")
+                    .replace("+00:00", "Z")
+                )
+            return ts
+
+        prefix = f"{node}/{msg.boot}/{msg.seq}."
         return [
             Reading(
                 sensor=rd.sensor,
                 value=rd.value,
-                ts=(base - timedelta(seconds=rd.dt))
-                .isoformat(timespec="milliseconds")
-                .replace("+00:00", "Z"),
+                ts=stamp(rd.dt),
                 unit=rd.unit,
                 origin=node,
                 flags=flags,
-                id=f"{node}/{msg.boot}/{msg.seq}.{i}",
+                id=f"{prefix}{i}",
             )
             for i, rd in enumerate(msg.readings)
         ]
