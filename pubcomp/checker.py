@@ -100,6 +100,11 @@ class Checker:
         with self._lock:
             return collections.Counter(self.counts)
 
+    def readings_seen(self, prefix: str = "") -> dict[str, tuple]:
+        """What each reading id (starting with ``prefix``) carried: (sensor, ts, value)."""
+        with self._lock:
+            return {k: v for k, v in self.readings.items() if k.startswith(prefix)}
+
     def arrival_order(self) -> list[str]:
         with self._lock:
             return list(self.arrivals)

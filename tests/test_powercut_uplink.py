@@ -31,10 +31,12 @@ delivered twice).
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +44,9 @@ from pubcomp.checker import Checker, exactly_once_report
 from pubcomp.devbroker import Mosquitto
 from tests.powercut import PowerCutMount, fuse_missing
 from tests.uplink_helpers import fill_store, inflight_rows, run_uplink, summary
+
+from .gateway_helpers import GatewayProc
+from .node_helpers import wait_until
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 
@@ -64,25 +69,39 @@ _RECEIVED = re.compile(
 )
 
 
-def broker_trace(log: str, client: str) -> list[list[tuple[str, int, int | None]]]:
-    """What the broker received from ``client``, one list per connection with the
-    session kept (clean start 0), in order: ("PUBLISH", packet id, DUP) and ("PUBREL",
-    packet id, None). A new store's first connection, with clean start to clear a
-    stale session, carries nothing and is left out."""
-    conns: list[list[tuple[str, int, int | None]]] = []
+Packet = tuple[str, int, int | None]  # ("PUBLISH", id, DUP) or ("PUBREL", id, None)
+
+
+def broker_trace(log: str, client: str) -> list[tuple[bool, list[Packet]]]:
+    """What the broker received from ``client``: for each connection, its clean start
+    flag and the PUBLISH and PUBREL packets, in order."""
+    conns: list[tuple[bool, list[Packet]]] = []
     for line in log.splitlines():
         if (m := _CONNECTED.search(line)) and m.group(1) == client:
-            if m.group(2) == "1":
-                assert not conns, "a clean start after the session began"
-                continue
-            conns.append([])
+            conns.append((m.group(2) == "1", []))
         elif (m := _RECEIVED.search(line)) and m.group(2) == client and conns:
             kind, dup, pid_pub, pid_rel = m.group(1, 3, 4, 5)
             if kind == "PUBLISH":
-                conns[-1].append(("PUBLISH", int(pid_pub), int(dup)))
+                conns[-1][1].append(("PUBLISH", int(pid_pub), int(dup)))
             else:
-                conns[-1].append(("PUBREL", int(pid_rel), None))
+                conns[-1][1].append(("PUBREL", int(pid_rel), None))
     return conns
+
+
+def check_resume(resumed: list[Packet], survivors: list[tuple[int | None, str]]) -> None:
+    """MQTT-4.4.0-1, MQTT-4.6.0-1, MQTT-2.3.1-3, MQTT-3.3.1-1: the resumed connection
+    begins with the in-flight messages that survived the cut, in their original order,
+    with their ids: a PUBREL where the PUBREC was committed (never the PUBLISH again:
+    MQTT-4.3.3-1 / 5.0 MQTT-4.3.3-6), else the PUBLISH with DUP=1. New PUBLISHes after
+    them carry DUP=0 (MQTT-3.3.1-3)."""
+    resend: list[Packet] = [
+        ("PUBREL", pid, None) if state == "PUBREL_SENT" else ("PUBLISH", pid, 1)
+        for pid, state in survivors
+        if pid is not None
+    ]
+    assert resend and resumed[: len(resend)] == resend, (resend, resumed[: len(resend) + 5])
+    new = [p for p in resumed[len(resend) :] if p[0] == "PUBLISH"]
+    assert all(dup == 0 for _, _, dup in new), "a new PUBLISH marked DUP"
 
 
 @pytest.fixture
@@ -142,17 +161,78 @@ def test_power_cut_at_break_point_then_resume_exactly_once(
     assert "Reused message ID" not in log
 
     trace = broker_trace(log, CLIENT)
-    assert len(trace) == 3, f"{len(trace)} connections of {CLIENT}"  # warm, cut, resumed
-    resumed = trace[2]
-    # MQTT-4.4.0-1, MQTT-4.6.0-1, MQTT-2.3.1-3, MQTT-3.3.1-1: the durable in-flight
-    # messages first, in their original order, with their ids: PUBREL where the
-    # PUBREC was committed (never the PUBLISH again: MQTT-4.3.3-1 / 5.0 4.3.3-6),
-    # else the PUBLISH with DUP=1.
-    resend = [
-        ("PUBREL", pid, None) if state == "PUBREL_SENT" else ("PUBLISH", pid, 1)
-        for pid, state in survivors
-        if pid is not None
-    ]
-    assert resend and resumed[: len(resend)] == resend, (resend, resumed[: len(resend) + 5])
-    new = [p for p in resumed[len(resend) :] if p[0] == "PUBLISH"]
-    assert all(dup == 0 for _, _, dup in new), "a new PUBLISH marked DUP"
+    # A new store clears any stale session first (clean start, nothing sent), then
+    # every connection keeps the session: warm, cut, resumed.
+    assert [clean for clean, _ in trace] == [True, False, False, False], trace
+    assert trace[0][1] == []
+    check_resume(trace[3][1], survivors)
+
+
+@pytest.mark.parametrize("point", list(POINTS))
+def test_gateway_power_cut_at_break_point_delivers_each_committed_reading_once(
+    tmp_path: Path, disk: PowerCutMount, cloud: Mosquitto, point: str
+) -> None:
+    """The same cut inside a real gateway: a sensor commits readings through the group
+    commit the uplink shares (its transitions may wait there for company); after a warm
+    run, the uplink crashes at the point and the power goes. Every reading the commit log
+    witnessed (written after each commit returned) reaches the subscriber once, under
+    one id, and the first connection after the cut resumes the session."""
+    checker = Checker(cloud.port, "telemetry/#", client_id="gw-cut-checker").start()
+    sensors = [{"id": "count", "type": "simulated", "signal": "counter", "interval_s": 0.02}]
+    extra = {"uplink": {"batch": 10, "linger_ms": 50}, "store": {"sensor_delay_ms": 100}}
+    gw = GatewayProc(tmp_path, cloud.port, sensors=sensors, extra=extra)
+    gw.db = disk.path / "state" / "gateway.db"
+    gw.write()
+    witness = tmp_path / "commits.jsonl"  # off the cut disk
+    marker = tmp_path / "crash-marker"
+    env = {"PUBCOMP_COMMIT_LOG": str(witness)}
+    try:
+        gw.start(env)  # warm: the session established, ids in use
+        assert wait_until(lambda: gw.status()["uplink"]["delivered"] >= 50, 60), "warm run"
+        assert gw.terminate() == 0
+        crash = {"PUBCOMP_CRASH_AT": f"{point}:5", "PUBCOMP_CRASH_MARKER": str(marker)}
+        gw.start(env | crash, wait=False)  # it may crash before its health server is up
+        assert gw.proc is not None
+        assert gw.proc.wait(60) == -signal.SIGKILL, gw.log.read_text()[-3000:]
+        assert marker.read_text().split() == [point], "crashed somewhere else"
+        disk.cut()
+        survivors = inflight_rows(gw.db)
+        assert POINTS[point] in {state for _, state in survivors}, survivors
+        at_cut = len(cloud.log())
+
+        gw.start(env)  # the sensor goes on; the uplink resumes the session
+        assert wait_until(lambda: gw.status()["uplink"]["delivered"] >= 100, 60), "resumed"
+        assert gw.terminate() == 0
+        gw.sensors = []  # quiet, so the committed set is final and the backlog can reach 0
+        gw.write()
+        gw.start(env)
+        assert wait_until(
+            lambda: (u := gw.status()["uplink"])["backlog"] == 0 and u["inflight_messages"] == 0,
+            60,
+        ), gw.status()["uplink"]
+        assert gw.terminate() == 0
+        committed = {
+            (r["sensor"], r["ts"], r["value"])
+            for r in map(json.loads, witness.read_text().splitlines())
+        }
+
+        def delivered() -> dict[str, tuple[Any, ...]]:
+            return checker.readings_seen(f"{gw.gid}/")
+
+        arrived = wait_until(lambda: committed <= set(delivered().values()), 30)
+        lost = committed - set(delivered().values())
+        assert arrived, f"{len(lost)} committed readings never arrived: {sorted(lost)[:3]}"
+        counts = checker.wait_for(set(delivered()), 10)
+    finally:
+        checker.stop()
+
+    got = delivered()
+    assert len(committed) > 100
+    assert committed <= set(got.values()), "a committed reading never arrived"
+    assert {k for k, n in counts.items() if n != 1} == set(), "a duplicate before any dedup"
+    assert len(set(got.values())) == len(got), "a reading delivered under two ids"
+    log = cloud.log()
+    assert "Reused message ID" not in log
+    trace = broker_trace(log[at_cut:], gw.gid)
+    assert trace and not any(clean for clean, _ in trace), "the session was not resumed"
+    check_resume(trace[0][1], survivors)
