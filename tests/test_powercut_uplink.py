@@ -176,7 +176,9 @@ def test_gateway_power_cut_at_break_point_delivers_each_committed_reading_once(
     commit the uplink shares (its transitions may wait there for company); after a warm
     run, the uplink crashes at the point and the power goes. Every reading the commit log
     witnessed (written after each commit returned) reaches the subscriber once, under
-    one id, and the first connection after the cut resumes the session."""
+    one id, and the first connection after the cut resumes the session (the statements
+    of the module docstring: MQTT-4.4.0-1, 4.6.0-1, 2.3.1-2/-3, 3.3.1-1, 4.3.3-1 and
+    5.0 MQTT-2.2.1-3, 4.3.3-6)."""
     checker = Checker(cloud.port, "telemetry/#", client_id="gw-cut-checker").start()
     sensors = [{"id": "count", "type": "simulated", "signal": "counter", "interval_s": 0.02}]
     extra = {"uplink": {"batch": 10, "linger_ms": 50}, "store": {"sensor_delay_ms": 100}}
