@@ -3,9 +3,11 @@ the order the held readings reach the cloud.
 
 A real ``pubcomp gateway run`` whose cloud broker (Mosquitto with persistence) is stopped
 while two nodes hand it readings, then started again. The link to the cloud has a fixed
-latency (50 ms each way) and the uplink sends one reading per message, so the drain
-takes seconds, not milliseconds, and the status can be watched while it lasts. Nothing
-else produces readings, so every figure has an exact expected value:
+latency (50 ms each way), and each PUBLISH carries one reading (the nodes send one per
+message, the store never splits a node message between PUBLISHes, the uplink's batch
+is 1): with 20 in flight, each for two round trips, the drain takes seconds, not
+milliseconds, and the status can be watched while it lasts. Nothing else produces
+readings, so every figure has an exact expected value:
 
 - while the broker is down: the backlog is exactly the readings the nodes had
   acknowledged since, the oldest age is that of the first of them (bracketed by the
@@ -44,7 +46,7 @@ from pubcomp.devbroker import Mosquitto
 from .gateway_helpers import GatewayProc
 
 LATENCY_S = 0.05
-READINGS_PER_MESSAGE = 50
+READINGS_PER_MESSAGE = 1
 NODES = {"n1": "pw-1", "n2": "pw-2"}
 
 
@@ -106,7 +108,7 @@ class SlowLink:
 
 
 class Node:
-    """A node handing the gateway messages of many readings (paho, QoS 1); a message is
+    """A node handing the gateway messages (paho, QoS 1, READINGS_PER_MESSAGE each); one is
     acknowledged (committed by the gateway) when ``send`` returns."""
 
     def __init__(self, node: str, password: str, port: int) -> None:
@@ -207,11 +209,11 @@ def test_long_outage_backlog_oldest_age_drain_rate_eta_and_oldest_first(
         assert down["backlog"] == 0 and down["oldest_age_s"] is None, down
         assert down["drain_rate"] == 0.0 and down["eta_s"] is None, down
 
-        # First batch held: 2 nodes x 6 messages x 50 readings.
+        # First batch held: 600 readings from 2 nodes.
         t0 = time.time()
         first = nodes["n1"].send(1)
         t_first_ack = time.time()
-        first |= nodes["n2"].send(6) | nodes["n1"].send(5)
+        first |= nodes["n2"].send(300) | nodes["n1"].send(299)
         a0, a1, up = timed_status(gw)
         assert up["backlog"] == len(first) == 600, up
         # The oldest is the first reading of the outage: stored between t0 and its PUBACK.
@@ -232,7 +234,7 @@ def test_long_outage_backlog_oldest_age_drain_rate_eta_and_oldest_first(
         # The outage goes on: the oldest grows older, the backlog grows.
         age = up["oldest_age_s"]
         wait_for("the oldest to age", lambda: gw.status()["uplink"]["oldest_age_s"] >= age + 1)
-        second = nodes["n2"].send(6) | nodes["n1"].send(6)
+        second = nodes["n2"].send(300) | nodes["n1"].send(300)
         b0, b1, up = timed_status(gw)
         assert up["backlog"] == len(first) + len(second) == 1200, up
         assert b0 - t_first_ack - 0.01 <= up["oldest_age_s"] <= b1 - t0 + 0.01, up
