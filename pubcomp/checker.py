@@ -26,8 +26,10 @@ class Checker:
     ) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self.readings: dict[str, tuple] = {}  # id -> (sensor, ts, value) as delivered
+        self.arrivals: list[str] = []  # every id delivered, in the order it arrived
         self.messages = 0
         self.bad_payloads = 0
+        self.subscriptions = 0  # SUBACKs received: one per (re)connection
         self._lock = threading.Lock()
         self._subscribed = threading.Event()
         self.topic = topic
@@ -38,7 +40,7 @@ class Checker:
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, **kwargs)
         self.client.on_message = self._on_message
         self.client.on_connect = self._on_connect
-        self.client.on_subscribe = lambda *a: self._subscribed.set()
+        self.client.on_subscribe = self._on_subscribe
         self.client.reconnect_delay_set(0.05, 0.5)
         if username is not None:
             self.client.username_pw_set(username, password)
@@ -46,6 +48,11 @@ class Checker:
 
     def _on_connect(self, client, userdata, flags, reason, properties):
         client.subscribe(self.topic, qos=2)
+
+    def _on_subscribe(self, *_args):
+        with self._lock:
+            self.subscriptions += 1
+        self._subscribed.set()
 
     def _on_message(self, client, userdata, msg):
         try:
@@ -59,6 +66,7 @@ class Checker:
         with self._lock:
             self.messages += 1
             self.counts.update(ids)
+            self.arrivals.extend(ids)
             self.readings.update(what)
 
     def start(self) -> Checker:
@@ -73,6 +81,17 @@ class Checker:
             raise RuntimeError("checker did not subscribe")
         return self
 
+    def wait_subscribed(self, after: int, timeout: float = 30.0) -> None:
+        """Wait for a SUBACK beyond the first ``after``: the subscription of a new
+        connection (after a broker restart), before anything is published to it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.subscriptions > after:
+                    return
+            time.sleep(0.02)
+        raise RuntimeError(f"checker did not subscribe again within {timeout:g} s")
+
     def stop(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
@@ -80,6 +99,15 @@ class Checker:
     def snapshot(self) -> collections.Counter[str]:
         with self._lock:
             return collections.Counter(self.counts)
+
+    def readings_seen(self, prefix: str = "") -> dict[str, tuple]:
+        """What each reading id (starting with ``prefix``) carried: (sensor, ts, value)."""
+        with self._lock:
+            return {k: v for k, v in self.readings.items() if k.startswith(prefix)}
+
+    def arrival_order(self) -> list[str]:
+        with self._lock:
+            return list(self.arrivals)
 
     def wait_for(self, expected: set[str], timeout: float = 60.0) -> collections.Counter[str]:
         """Wait until every expected id has arrived, then a little longer for stray duplicates."""

@@ -51,8 +51,9 @@ class RestartRun:
 def restart_broker_under_uplink(tmp_path: Path, broker: Mosquitto, protocol: str) -> RestartRun:
     """Drain 30,000 readings; freeze the uplink (SIGSTOP) with messages in flight, let the
     checker catch up, stop the broker gracefully and start it again, then let the uplink
-    go on (SIGCONT) to the end. The freeze keeps the checker's own loss window (messages
-    the broker held for it) out of the result."""
+    go on (SIGCONT), once the checker has subscribed again, to the end. The freeze keeps
+    the checker's own loss window (messages the broker held for it, or published before
+    it was subscribed again) out of the result."""
     checker = Checker(broker.port, "telemetry/#").start()
     store = tmp_path / "gw.db"
     expected = fill_store(store, 30_000)
@@ -64,8 +65,13 @@ def restart_broker_under_uplink(tmp_path: Path, broker: Mosquitto, protocol: str
         proc.send_signal(signal.SIGSTOP)
         inflight = len(store_states(store))
         _settle(checker)
+        subscribed = checker.subscriptions
         broker.stop()  # graceful: with persistence, Mosquitto saves its sessions
         broker.start()
+        # The checker subscribes again before the uplink goes on: without persistence
+        # the broker forgot its subscription, and a message published before the new
+        # SUBACK would reach nobody (on a loaded machine the uplink won that race).
+        checker.wait_subscribed(after=subscribed, timeout=60)
         proc.send_signal(signal.SIGCONT)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err

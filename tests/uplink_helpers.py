@@ -46,12 +46,22 @@ def uplink_cmd(store: Path, url: str, *extra: str, client_id: str = "gw1") -> li
 
 
 def run_uplink(
-    store: Path, url: str, *extra: str, crash_at: str | None = None, timeout: float = 60
+    store: Path,
+    url: str,
+    *extra: str,
+    crash_at: str | None = None,
+    marker: Path | None = None,
+    timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
+    """Run the uplink to the end (``--exit-when-drained``) or to its crash point; with
+    ``marker``, the crash point writes its name there before the kill."""
     env = dict(os.environ)
     env.pop("PUBCOMP_CRASH_AT", None)
+    env.pop("PUBCOMP_CRASH_MARKER", None)
     if crash_at:
         env["PUBCOMP_CRASH_AT"] = crash_at
+    if marker is not None:
+        env["PUBCOMP_CRASH_MARKER"] = str(marker)
     return subprocess.run(
         uplink_cmd(store, url, "--exit-when-drained", *extra),
         env=env,
@@ -87,10 +97,16 @@ def stop_after(proc: subprocess.Popen[str], seconds: float) -> dict[str, object]
 
 
 def store_states(path: Path) -> list[str]:
+    return [state for _, state in inflight_rows(path)]
+
+
+def inflight_rows(path: Path) -> list[tuple[int | None, str]]:
+    """(packet id, state) of every in-flight message, in original send order."""
     import sqlite3
 
     db = sqlite3.connect(path)
     try:
-        return [r[0] for r in db.execute("SELECT state FROM out_inflight ORDER BY ord")]
+        rows = db.execute("SELECT packet_id, state FROM out_inflight ORDER BY ord").fetchall()
     finally:
         db.close()
+    return [(pid, state) for pid, state in rows]
