@@ -240,6 +240,10 @@ class Store:
         # Readings up to here are being taken into messages whose commit is still on
         # its way (a group commit): no quota drop or clock correction may touch them.
         self.claimed_seq = 0
+        # Messages the broker has completed whose deletion rides a later commit (rule 3
+        # lets it wait): their readings are delivered, and ``stats`` says so at once.
+        self._forgetting: list[list[int]] = []
+        self._forgetting_lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = self._open()
@@ -822,6 +826,23 @@ class Store:
             ).fetchall()
         return [(seq, n, unpack_body(body)) for seq, n, body in rows]
 
+    def forget_later(self, first_seq: int, last_seq: int) -> None:
+        """A message the broker completed: not backlog, though its deletion is not yet
+        committed. ``stats`` drops the range once its rows are gone."""
+        with self._forgetting_lock:
+            ranges = self._forgetting
+            if ranges and ranges[-1][1] + 1 >= first_seq >= ranges[-1][0]:
+                ranges[-1][1] = max(ranges[-1][1], last_seq)
+            else:
+                ranges.append([first_seq, last_seq])
+            if len(ranges) > 100:  # seq gaps kept them apart: a bound for stats' query
+                ranges[0:2] = [[ranges[0][0], ranges[1][1]]]
+
+    def count_between(self, first_seq: int, last_seq: int) -> int:
+        """The readings in the rows that begin between the two seqs (a message's)."""
+        with self._rlock:
+            return int(self._count_in(self._rdb, [(first_seq, last_seq)]))
+
     def bodies_between(self, first_seq: int, last_seq: int) -> list[bytes]:
         """The encoded readings of a message's rows, in order (its PUBLISH payload's inside)."""
         with self._rlock:
@@ -1149,13 +1170,33 @@ class Store:
     def stats(self) -> dict[str, Any]:
         with self._rlock:
             db = self._rdb
-            backlog, oldest_seq = db.execute(
-                "SELECT COALESCE(SUM(n), 0), MIN(seq) FROM outbox"
-            ).fetchone()
-            oldest = db.execute("SELECT queued FROM outbox WHERE seq = ?", (oldest_seq,)).fetchone()
-            inflight = db.execute("SELECT COUNT(*) FROM out_inflight").fetchone()[0]
-            dead = db.execute("SELECT COUNT(*) FROM dead_letter").fetchone()[0]
-            used = self._used_bytes(db)
+            db.execute("BEGIN")  # one snapshot for every figure below
+            try:
+                with self._forgetting_lock:
+                    ranges = [list(r) for r in self._forgetting]
+                pending = [self._count_in(db, [(lo, hi)]) for lo, hi in ranges]
+                backlog, oldest_seq = db.execute(
+                    "SELECT COALESCE(SUM(n), 0), MIN(seq) FROM outbox"
+                ).fetchone()
+                if ranges:
+                    oldest_seq = db.execute(
+                        "SELECT MIN(seq) FROM outbox WHERE "
+                        + " AND ".join(["NOT (seq BETWEEN ? AND ?)"] * len(ranges)),
+                        [x for r in ranges for x in r],
+                    ).fetchone()[0]
+                oldest = db.execute(
+                    "SELECT queued FROM outbox WHERE seq = ?", (oldest_seq,)
+                ).fetchone()
+                inflight = db.execute("SELECT COUNT(*) FROM out_inflight").fetchone()[0]
+                dead = db.execute("SELECT COUNT(*) FROM dead_letter").fetchone()[0]
+                used = self._used_bytes(db)
+            finally:
+                db.execute("COMMIT")
+            backlog -= sum(pending)
+            gone = [r for r, n in zip(ranges, pending, strict=True) if n == 0]
+            if gone:
+                with self._forgetting_lock:
+                    self._forgetting = [r for r in self._forgetting if r not in gone]
         wal = Path(str(self.path) + "-wal")
         return {
             "store": str(self.path),

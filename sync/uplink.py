@@ -622,10 +622,8 @@ class _Link:
             self.cursor = last
         return out, None
 
-    def _delivered(self, done: asyncio.Future[int]) -> None:
-        if not done.cancelled() and done.exception() is None and done.result():
-            self.up.status.record_delivery(done.result())
-            self.up._check_drained()
+    def _forgotten(self, _: asyncio.Future[int]) -> None:
+        self.up._check_drained()
 
     async def read_acks(self, pkts: list[Any]) -> None:
         """Commit what the acknowledgements say in one transaction, then answer."""
@@ -661,7 +659,10 @@ class _Link:
                 replies.append(out.reply)
             elif isinstance(out, Completed):
                 completed.append(out.packet_id)
-                self.live.pop(out.packet_id, None)
+                m = self.live.pop(out.packet_id, None)
+                if m is not None:  # delivered now, whenever its deletion is committed
+                    status.record_delivery(self.store.count_between(m.first_seq, m.last_seq))
+                    self.store.forget_later(m.first_seq, m.last_seq)
             elif isinstance(out, Refused):
                 permanent = out.reason in PERMANENT_REFUSALS
                 refused.append((out.packet_id, out.reason, permanent))
@@ -690,7 +691,7 @@ class _Link:
                 within=self.up.cfg.completion_delay,
                 frees=True,
             )
-            done.add_done_callback(self._delivered)
+            done.add_done_callback(self._forgotten)
         if released or refused:
             # Rule 2: a PUBREC is durable before its PUBREL goes out.
             await self.up.commit(

@@ -372,3 +372,20 @@ def test_packed_rows_are_split_for_a_small_broker_and_keep_their_seqs(tmp_path: 
         assert all(len(body) <= 600 for _, _, body in rows)
         assert rows[0][0] == 1 and sum(n for _, n, _ in rows) == 40
         assert s.readings_between(1, 40) == before  # the same ids (gw/epoch/seq), in order
+
+
+def test_stats_count_a_completed_message_as_delivered_before_its_lazy_deletion(
+    tmp_path: Path,
+) -> None:
+    """Rule 3 lets a PUBCOMP's deletion ride a later commit; the status must not show
+    those readings as backlog meanwhile, nor their age as the oldest."""
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        s.append(readings(4))
+        s.append(readings(6, 4))
+        s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", 1, 4)])
+        s.forget_later(1, 4)  # PUBCOMP received, deletion not yet committed
+        assert s.stats()["backlog"] == 6
+        assert s.apply("k", completed=[1]) == 4
+        assert s.stats()["backlog"] == 6  # and the range is dropped once its rows are gone
+        s.append(readings(2, 10))
+        assert s.stats()["backlog"] == 8
