@@ -163,9 +163,11 @@ class Intake:
             return
         if isinstance(exc, StoreFull | StoreUnwritable):
             log.error("store refused %d sensor readings: %s", len(readings), exc)
-            self.stats.counters["sensor_readings_refused"] += len(readings)
-            if isinstance(exc, StoreUnwritable):
+            if isinstance(exc, StoreUnwritable):  # a dying card, not a full one
+                self.stats.counters["sensor_readings_refused_unwritable"] += len(readings)
                 self.store.write_state.refused_readings += len(readings)
+            else:
+                self.stats.counters["sensor_readings_refused"] += len(readings)
         else:
             log.error("committing %d sensor readings failed: %s", len(readings), exc)
             self.stats.last_error = f"{type(exc).__name__}: {exc}"

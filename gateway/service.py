@@ -327,6 +327,9 @@ class Gateway:
                 "refused_full": it.refused_full,
                 "refused_unwritable": it.refused_unwritable,
                 "sensor_readings_refused": it.counters["sensor_readings_refused"],
+                "sensor_readings_refused_unwritable": it.counters[
+                    "sensor_readings_refused_unwritable"
+                ],
                 "sensor_readings_lost": it.counters["sensor_readings_lost"],
                 "queued": self.intake.queued,
                 "last_error": it.last_error,

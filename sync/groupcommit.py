@@ -86,6 +86,7 @@ class GroupCommit:
         # waiting again, the group is as full as it gets and need not wait its delay.
         self._recent_peers: collections.deque[int] = collections.deque(maxlen=16)
         self._peers_pending = 0
+        self._wrote = False  # the last commit changed rows (set in the worker thread)
 
     # ------------------------------------------------------------ producers
 
@@ -213,7 +214,8 @@ class GroupCommit:
         else:
             self.stats.commits += 1
             self.stats.last_error = None
-            self.store.wrote()
+            if self._wrote:  # an empty commit writes nothing: it proves no disk writable
+                self.store.wrote()
             self.store.notify()
         for op, (ok, value) in zip(group, outcomes, strict=True):
             if op.done is None:
@@ -230,8 +232,11 @@ class GroupCommit:
     def _commit(self, group: list[_Op]) -> list[tuple[bool, Any]]:
         """In the worker thread: the group's transaction; a file system that refuses
         writes fails it with ``StoreUnwritable`` (recorded in the store's write state)."""
+        before = self.store.total_changes()
         try:
-            return self._commit_or_make_room(group)
+            out = self._commit_or_make_room(group)
+            self._wrote = self.store.total_changes() != before
+            return out
         except (sqlite3.Error, OSError) as exc:
             if is_unwritable(exc):
                 raise self.store.unwritable(exc) from exc

@@ -576,8 +576,14 @@ class Store:
             return READ_ONLY if err.errno == errno.EROFS else IO_ERRORS
         return IO_ERRORS  # the probe got through: the writes fail, not the mount
 
+    def total_changes(self) -> int:
+        """Rows changed by the write connection so far (a commit that changed none wrote
+        nothing, and proves nothing about the disk)."""
+        with self._lock:
+            return self._db.total_changes
+
     def wrote(self) -> None:
-        """A commit succeeded: the store is writable (again)."""
+        """A commit that changed something succeeded: the store is writable (again)."""
         ws = self.write_state
         if not ws.writable:
             log.warning(
