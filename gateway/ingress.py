@@ -49,7 +49,7 @@ from pubcomp.sync.packets import (
     Unsubscribe,
 )
 from pubcomp.sync.session import Forget, Reack, ReceiverSession
-from pubcomp.sync.store import Reading, StoreFull
+from pubcomp.sync.store import Reading, StoreFull, StoreUnwritable
 
 from .config import IngressSection
 from .credentials import Verifier
@@ -244,6 +244,11 @@ class Ingress:
             log.error("ingress: %s: not acknowledged, store full: %s", node, exc)
             if node:
                 self.stats[node].rejected["store_full"] += 1
+        except StoreUnwritable as exc:
+            # A dying card: the same as a full disk, the node keeps the message.
+            log.error("ingress: %s: not acknowledged: %s", node, exc)
+            if node:
+                self.stats[node].rejected["store_unwritable"] += 1
         finally:
             if node and self._live.get(node) is w:
                 del self._live[node]
@@ -334,7 +339,7 @@ class Ingress:
         try:
             done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             if writer in done:
-                writer.result()  # a refused commit (StoreFull): no more acknowledgements
+                writer.result()  # a refused commit (StoreFull, StoreUnwritable): no more acks
                 return
             reader.result()  # a protocol error closes the connection at once
             await replies.put(None)  # a clean end: the acknowledgements owed still go out
@@ -447,7 +452,8 @@ class Ingress:
             if ack is None:
                 return []
             return [session.refuse(pkt, reason[0]) if version == MQTT_5 else ack]
-        stored = await self.intake.submit(key, readings, node)  # StoreFull: no ack at all
+        # StoreFull, StoreUnwritable: no ack at all (this raises, the connection closes)
+        stored = await self.intake.submit(key, readings, node)
         st.messages += 1
         if stored:
             st.readings += len(readings)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pubcomp.sync.groupcommit import GroupCommit
-from pubcomp.sync.store import Reading, Store, StoreFull
+from pubcomp.sync.store import Reading, Store, StoreFull, StoreUnwritable
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class IntakeStats:
     committed_readings: int = 0
     duplicates: int = 0
     refused_full: int = 0
+    refused_unwritable: int = 0  # node messages refused: the store's file system refuses writes
     last_error: str | None = None  # the last failed commit of readings, cleared by a good one
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
 
@@ -71,7 +72,8 @@ class Intake:
     ) -> bool:
         """Commit a message's readings; True if stored, False if ``key`` was seen before.
 
-        Raises StoreFull when the store refuses: the caller must not acknowledge.
+        Raises StoreFull or StoreUnwritable when the store refuses: the caller must
+        not acknowledge.
         """
         batch = [(key, readings)]
         self._in_flight += len(readings)
@@ -86,6 +88,10 @@ class Intake:
             )
         except StoreFull:
             self.stats.refused_full += 1
+            raise
+        except StoreUnwritable:
+            self.stats.refused_unwritable += 1
+            self.store.write_state.refused_readings += len(readings)
             raise
         except Exception as exc:
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -155,9 +161,13 @@ class Intake:
             if self.on_commit is not None and readings:
                 self.on_commit(readings)
             return
-        if isinstance(exc, StoreFull):
+        if isinstance(exc, StoreFull | StoreUnwritable):
             log.error("store refused %d sensor readings: %s", len(readings), exc)
-            self.stats.counters["sensor_readings_refused"] += len(readings)
+            if isinstance(exc, StoreUnwritable):  # a dying card, not a full one
+                self.stats.counters["sensor_readings_refused_unwritable"] += len(readings)
+                self.store.write_state.refused_readings += len(readings)
+            else:
+                self.stats.counters["sensor_readings_refused"] += len(readings)
         else:
             log.error("committing %d sensor readings failed: %s", len(readings), exc)
             self.stats.last_error = f"{type(exc).__name__}: {exc}"

@@ -35,6 +35,7 @@ from .health import HealthServer
 from .ingress import Ingress
 from .intake import Intake
 from .notify import Notifier
+from .status import store_headline
 from .wear import Wear
 
 log = logging.getLogger(__name__)
@@ -214,9 +215,9 @@ class Gateway:
         while True:
             await self._probe_store(min(PROBE_TIMEOUT_S, interval))
             ok, why = self.healthy()
-            if ok and self.notifier.watchdog_interval:
+            if (ok or self._watchdog_ok(why)) and self.notifier.watchdog_interval:
                 self.notifier.watchdog()
-            elif not ok:
+            if not ok:
                 log.error("unhealthy, withholding the watchdog ping: %s", "; ".join(why))
                 self.notifier.status("UNHEALTHY: " + "; ".join(why))
             await asyncio.sleep(interval)
@@ -243,20 +244,49 @@ class Gateway:
         ]
         if not self._store_ok:
             why.append(self._store_error or "store unhealthy")
-        if self.commits.stats.last_error:
+        ws = self.store.write_state
+        if not ws.writable:  # a dying card, said plainly (not as the last commit's error)
+            why.append(f"{ws.text}: refusing new readings")
+        elif self.commits.stats.last_error:
             why.append(f"last commit failed: {self.commits.stats.last_error}")
         return not why, why
+
+    def _watchdog_ok(self, why: list[str]) -> bool:
+        """Ping the watchdog while the only problem is a store that cannot be written: a
+        restart cannot mend the card, and would end the delivery of what it holds."""
+        ws = self.store.write_state
+        return not ws.writable and why == [f"{ws.text}: refusing new readings"]
 
     # ------------------------------------------------------------- status
 
     def status_line(self, st: dict[str, Any] | None = None) -> str:
         m = self.uplink.metrics(st)
         age = m["oldest_age_s"]
+        dying = store_headline({"store": self._write_state(), "uplink": m})
         return (
-            f"uplink {m['state']}, backlog {m['backlog']}"
+            (f"{dying}; " if dying else "")
+            + f"uplink {m['state']}, backlog {m['backlog']}"
             + (f" (oldest {age:.0f} s)" if age is not None else "")
             + f", clock {self.clock.source}"
         )
+
+    def _write_state(self) -> dict[str, Any]:
+        ws = self.store.write_state
+        bad = None
+        if not ws.writable:
+            bad = {
+                "kind": ws.kind,
+                "text": ws.text,
+                "since": ws.since,
+                "last_error": ws.last_error,
+                "last_error_at": ws.last_error_at,
+            }
+        return {
+            "writable": ws.writable,
+            "unwritable": bad,
+            "write_errors": ws.errors,
+            "refused_while_unwritable": ws.refused_readings,
+        }
 
     async def snapshot(self) -> dict[str, Any]:
         st = await asyncio.to_thread(self.store.stats)
@@ -295,12 +325,17 @@ class Gateway:
                 "commits": self.commits.stats.commits,
                 "duplicates": it.duplicates,
                 "refused_full": it.refused_full,
+                "refused_unwritable": it.refused_unwritable,
                 "sensor_readings_refused": it.counters["sensor_readings_refused"],
+                "sensor_readings_refused_unwritable": it.counters[
+                    "sensor_readings_refused_unwritable"
+                ],
                 "sensor_readings_lost": it.counters["sensor_readings_lost"],
                 "queued": self.intake.queued,
                 "last_error": it.last_error,
             },
-            "store": {
+            "store": self._write_state()
+            | {
                 "path": st["store"],
                 "epoch": st["epoch"],
                 "store_bytes": st["store_bytes"],

@@ -12,7 +12,7 @@ from typing import Any
 
 # ``pubcomp status`` exit codes (docs/operations.md, "Reading status").
 EXIT_OK = 0  # running, healthy, delivering
-EXIT_UNHEALTHY = 1  # running, but a task died or the store does not answer
+EXIT_UNHEALTHY = 1  # running, but a task died, the store does not answer or cannot be written
 EXIT_USAGE = 2  # bad arguments or fleet file (argparse uses 2 as well)
 EXIT_NOT_RUNNING = 3  # nothing answers on the health port
 EXIT_NOT_DELIVERING = 4  # running, but the uplink is down or stalled: readings wait on disk
@@ -52,6 +52,25 @@ def hms(t: float | None) -> str:
     return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
 
 
+def store_headline(snap: dict[str, Any]) -> str | None:
+    """The dying card in one line, or None while the store takes writes:
+    "STORE READ-ONLY since 12:03:04: refusing new readings; delivering the 1,234 held
+    (not durable)"."""
+    st = snap.get("store") or {}
+    bad = st.get("unwritable")
+    if st.get("writable", True) or not bad:
+        return None
+    what = "STORE READ-ONLY" if bad["kind"] == "read-only" else "STORE WRITES FAIL (I/O errors)"
+    up = snap.get("uplink") or {}
+    held = up.get("backlog", 0)
+    degraded = up.get("degraded") or {}
+    if degraded.get("active"):
+        sending = f"delivering the {held:,} held (not durable)"
+    else:
+        sending = f"{held:,} held, not being delivered (uplink {up.get('state', 'down')})"
+    return f"{what} since {hms(bad['since'])}: refusing new readings; {sending}"
+
+
 def verdict(snap: dict[str, Any]) -> tuple[str, str, int]:
     """(level, headline, exit code) for the top of the page and of ``pubcomp status``.
 
@@ -59,6 +78,9 @@ def verdict(snap: dict[str, Any]) -> tuple[str, str, int]:
     """
     up, now = snap["uplink"], snap["time"]
     held = f"{up['backlog']:,} readings held safely on disk"
+    dying = store_headline(snap)
+    if dying is not None:  # before any other problem: it explains most of them
+        return "unhealthy", dying, EXIT_UNHEALTHY
     if not snap["healthy"]:
         why = "; ".join(snap.get("health_problems") or []) or "see the gateway's log"
         return "unhealthy", f"UNHEALTHY: {why}", EXIT_UNHEALTHY

@@ -11,6 +11,10 @@ covering it has returned (``synchronous=FULL``: after the fsync). That is
 what lets an acknowledgement be held back, never sent early, never reordered
 (MQTT-4.6.0-2/-3).
 
+A COMMIT the file system refuses (a dying card: read-only, or I/O errors)
+fails every op of its group with ``StoreUnwritable`` and marks the store
+unwritable (``Store.write_state``); the next COMMIT that succeeds clears it.
+
 When to commit is a matter of deadlines, not of arrival: each op says how
 long it may wait (``within``). A PUBACK a node is waiting for may wait a few
 milliseconds (``commit_delay``), so the messages of several nodes share an
@@ -39,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .store import Store, StoreFull, is_disk_full
+from .store import Store, StoreFull, StoreUnwritable, is_disk_full, is_unwritable
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,7 @@ class GroupCommit:
         # waiting again, the group is as full as it gets and need not wait its delay.
         self._recent_peers: collections.deque[int] = collections.deque(maxlen=16)
         self._peers_pending = 0
+        self._wrote = False  # the last commit changed rows (set in the worker thread)
 
     # ------------------------------------------------------------ producers
 
@@ -200,6 +205,7 @@ class GroupCommit:
         try:
             outcomes = await asyncio.to_thread(self._commit, group)
         except Exception as exc:  # the COMMIT failed: nothing in the group is durable
+            # (StoreUnwritable included: no waiter hears anything but this failure)
             self.stats.failed_commits += 1
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
             self.stats.last_error_at = time.time()
@@ -208,10 +214,12 @@ class GroupCommit:
         else:
             self.stats.commits += 1
             self.stats.last_error = None
+            if self._wrote:  # an empty commit writes nothing: it proves no disk writable
+                self.store.wrote()
             self.store.notify()
         for op, (ok, value) in zip(group, outcomes, strict=True):
             if op.done is None:
-                if not ok and not isinstance(value, StoreFull):
+                if not ok and not isinstance(value, StoreFull | StoreUnwritable):
                     log.error("store change with no waiter failed: %s", value)
                 continue
             if op.done.done():
@@ -222,8 +230,21 @@ class GroupCommit:
                 op.done.set_exception(value)
 
     def _commit(self, group: list[_Op]) -> list[tuple[bool, Any]]:
-        """In the worker thread: one transaction for the group; on a full disk, make room
-        (truncate the WAL; for deliveries, spend the reserve) and try again."""
+        """In the worker thread: the group's transaction; a file system that refuses
+        writes fails it with ``StoreUnwritable`` (recorded in the store's write state)."""
+        before = self.store.total_changes()
+        try:
+            out = self._commit_or_make_room(group)
+            self._wrote = self.store.total_changes() != before
+            return out
+        except (sqlite3.Error, OSError) as exc:
+            if is_unwritable(exc):
+                raise self.store.unwritable(exc) from exc
+            raise
+
+    def _commit_or_make_room(self, group: list[_Op]) -> list[tuple[bool, Any]]:
+        """One transaction for the group; on a full disk, make room (truncate the WAL;
+        for deliveries, spend the reserve) and try again."""
         try:
             return self.store.run_ops([op.fn for op in group])
         except sqlite3.OperationalError as exc:

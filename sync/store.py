@@ -35,6 +35,7 @@ ahead of newer readings.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -167,6 +168,47 @@ class CorruptStore(StoreError):
     pass
 
 
+class StoreUnwritable(StoreError):
+    """The store's file system refuses writes: a dying SD card (ext4 remounted itself
+    read-only, or writes fail with I/O errors). Nothing in the failed commit is durable,
+    so nothing in it may be acknowledged; reads still work (docs/failure-model.md)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # READ_ONLY or IO_ERRORS
+
+
+READ_ONLY, IO_ERRORS = "read-only", "io-errors"
+UNWRITABLE_TEXT = {
+    READ_ONLY: "store file system is read-only",
+    IO_ERRORS: "store writes fail with I/O errors",
+}
+# Primary result codes (the low byte of an extended code) that mean the file system
+# will not take our writes: SQLITE_READONLY* (a read-only file or mount),
+# SQLITE_IOERR* (EIO, and EROFS on a file already open read-write: SQLite reports a
+# failed write() as SQLITE_IOERR_WRITE whatever its errno), SQLITE_CANTOPEN (the WAL or
+# journal cannot be created). SQLITE_FULL is the full disk's own path (StoreFull).
+_UNWRITABLE_CODES = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN}
+
+
+@dataclass(slots=True)
+class WriteState:
+    """Can the store commit? Set by a commit that failed with StoreUnwritable, cleared
+    by the next that succeeds (``Store.unwritable`` / ``Store.wrote``)."""
+
+    writable: bool = True
+    kind: str | None = None  # READ_ONLY or IO_ERRORS while not writable
+    since: float | None = None  # wall time of the first failure of this episode
+    last_error: str | None = None  # as raised, e.g. "disk I/O error (SQLITE_IOERR_WRITE)"
+    last_error_at: float | None = None
+    errors: int = 0  # commits that failed so, ever (pubcomp_store_write_errors_total)
+    refused_readings: int = 0  # readings refused because of it (not acknowledged)
+
+    @property
+    def text(self) -> str | None:
+        return None if self.kind is None else UNWRITABLE_TEXT[self.kind]
+
+
 @dataclass(slots=True)
 class Reading:
     sensor: str
@@ -267,6 +309,7 @@ class Store:
         self.reserve_path = Path(f"{self.path}.reserve")
         self.reserve_bytes = reserve_bytes
         self.refused_disk_full = 0
+        self.write_state = WriteState()
         self._ensure_reserve()
 
     # ------------------------------------------------------------ opening
@@ -472,8 +515,8 @@ class Store:
                 try:
                     out.append((True, fn(db)))
                 except sqlite3.OperationalError as exc:
-                    if is_disk_full(exc):
-                        raise
+                    if is_disk_full(exc) or is_unwritable(exc):
+                        raise  # the disk's failure, not the op's: the whole group fails
                     db.execute("ROLLBACK TO op")
                     self._floor_pending = None  # undone with the op: write it again later
                     out.append((False, exc))
@@ -497,6 +540,70 @@ class Store:
         """The disk is full and nothing more can be freed: the error new data gets."""
         self.refused_disk_full += 1
         return StoreFull(f"disk full under {self.path}: refusing new readings ({exc})")
+
+    def unwritable(self, exc: BaseException) -> StoreUnwritable:
+        """A commit failed because the file system refuses writes: record it (the first
+        failure of an episode finds out whether the mount is read-only) and return the
+        error its waiters get. Call from the committing thread (it may touch the disk)."""
+        ws = self.write_state
+        ws.errors += 1
+        ws.last_error = f"{exc} ({getattr(exc, 'sqlite_errorname', type(exc).__name__)})"
+        ws.last_error_at = time.time()
+        if ws.writable or ws.kind is None:
+            ws.kind = self._diagnose_unwritable(exc)
+            ws.since = ws.last_error_at
+            ws.writable = False
+            log.error("%s (%s): refusing new readings", UNWRITABLE_TEXT[ws.kind], ws.last_error)
+        return StoreUnwritable(
+            f"{UNWRITABLE_TEXT[ws.kind]} under {self.path.parent}: refusing new readings "
+            f"({ws.last_error})",
+            ws.kind,
+        )
+
+    def _diagnose_unwritable(self, exc: BaseException) -> str:
+        """READ_ONLY or IO_ERRORS: SQLite says IOERR for both, so ask the file system."""
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY:
+            return READ_ONLY
+        if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+            return READ_ONLY
+        probe = Path(f"{self.path}.probe")
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"1")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    probe.unlink()
+        except OSError as err:
+            return READ_ONLY if err.errno == errno.EROFS else IO_ERRORS
+        return IO_ERRORS  # the probe got through: the writes fail, not the mount
+
+    def total_changes(self) -> int:
+        """Rows changed by the write connection so far (a commit that changed none wrote
+        nothing, and proves nothing about the disk)."""
+        with self._lock:
+            return self._db.total_changes
+
+    def wrote(self) -> None:
+        """A commit that changed something succeeded: the store is writable (again)."""
+        ws = self.write_state
+        if not ws.writable:
+            log.warning(
+                "store writable again after %.0f s %s",
+                time.time() - (ws.since or time.time()),
+                ws.text,
+            )
+            ws.writable, ws.kind, ws.since = True, None, None
+
+    def probe_write_in(self, db: sqlite3.Connection) -> None:
+        """A small real write (an empty transaction writes nothing): can we commit again?"""
+        db.execute(
+            "INSERT INTO meta (key, value) VALUES ('write_probe', ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (str(time.time()),),
+        )
 
     def notify(self) -> None:
         """Tell the listeners that readings were committed (after a group commit)."""
@@ -1217,6 +1324,14 @@ class Store:
 
 def is_disk_full(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
+def is_unwritable(exc: BaseException) -> bool:
+    """The file system refuses our writes (read-only, I/O errors): see StoreUnwritable."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.EROFS, errno.EIO)
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _UNWRITABLE_CODES
 
 
 INSERT_OUTBOX = "INSERT INTO outbox (seq, n, marks, body, queued) VALUES (?, ?, ?, ?, ?)"

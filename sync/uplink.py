@@ -37,6 +37,7 @@ from .client import (
     connect,
 )
 from .codec import ProtocolError
+from .degraded import DegradedDelivery
 from .faults import crash_point
 from .groupcommit import GroupCommit
 from .packets import (
@@ -62,7 +63,7 @@ from .session import (
     SenderSession,
     SessionError,
 )
-from .store import QUEUED, Message, Store
+from .store import QUEUED, Message, Store, StoreUnwritable
 from .wire import encode_payload, payload_head
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,9 @@ class Uplink:
         # Called with the backlog found on each connection: the top of an outage's peak.
         self.on_connect: Callable[[int], None] | None = None
         store.add_listener(self._on_new_readings)
+        # While the store cannot be written, what it holds goes out on a session of its
+        # own (sync/degraded.py); this session's persisted state waits untouched.
+        self.degraded = DegradedDelivery(self)
 
     # ------------------------------------------------------------ public
 
@@ -244,6 +248,13 @@ class Uplink:
                 drained = await self._connection(stop, exit_when_drained, backoff)
                 if drained or stop.is_set():
                     return
+            except StoreUnwritable as exc:
+                self._failed(str(exc), exc)
+                with contextlib.suppress(Exception):
+                    await self.commits.flush()
+                await self.degraded.run(stop)
+                backoff.reset()
+                continue  # writable again: resume the session, which sends it all again
             except ConnectRefused as exc:
                 self._failed(str(exc), exc)
             except (ConnectionClosed, OSError, TimeoutError, ProtocolError, SessionError) as exc:
@@ -294,6 +305,7 @@ class Uplink:
             "last_error_text": status.last_error_text,
             "last_error_at": status.last_error_at,
             "last_error": self.status.last_error,
+            "degraded": self.degraded.metrics(),
         }
 
     # ----------------------------------------------------------- internals
@@ -392,6 +404,8 @@ class Uplink:
             backoff.reset()
             await link.resend()
             while not stop.is_set():
+                if not self.store.write_state.writable:  # another commit failed: a dying card
+                    raise StoreUnwritable(self.store.write_state.text or "", "")
                 await link.fill_window()
                 if exit_when_drained and link.drained():
                     self.status.state = "drained"

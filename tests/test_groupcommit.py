@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 
 from pubcomp.sync.groupcommit import GroupCommit
-from pubcomp.sync.store import Reading, Store, StoreFull, add_to_ranges
+from pubcomp.sync.store import (
+    IO_ERRORS,
+    READ_ONLY,
+    Reading,
+    Store,
+    StoreFull,
+    StoreUnwritable,
+    add_to_ranges,
+)
 
 
 def reading(i: int) -> Reading:
@@ -104,6 +112,62 @@ def test_a_waiter_hears_only_after_the_commit(tmp_path: Path) -> None:
 
     with Store(path, gateway_id="gw") as s:
         assert asyncio.run(main(s)) == [1, 2, 3, 4, 5]
+
+
+def sqlite_error(code: int, name: str) -> sqlite3.OperationalError:
+    exc = sqlite3.OperationalError("disk I/O error")
+    exc.sqlite_errorcode, exc.sqlite_errorname = code, name  # type: ignore[attr-defined]
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("code", "name", "kind"),
+    [(778, "SQLITE_IOERR_WRITE", IO_ERRORS), (776, "SQLITE_READONLY_DBMOVED", READ_ONLY)],
+)
+def test_a_commit_the_file_system_refuses_fails_every_waiter_as_unwritable(
+    tmp_path: Path, code: int, name: str, kind: str
+) -> None:
+    """A dying card: the COMMIT fails, every waiter hears StoreUnwritable (none hears a
+    result: nothing of the group is durable), the store says since when; the next commit
+    that succeeds clears it. (An IOERR on a mount that takes the probe file is I/O errors.)"""
+    path = tmp_path / "s.db"
+
+    async def main(s: Store) -> tuple[list[Any], list[Any]]:
+        gc, task = await running(s, commit_delay=0.05)
+        real, calls = s.run_ops, []
+
+        def failing(ops: Any) -> Any:
+            calls.append(len(ops))
+            if len(calls) == 1:  # the ops ran, then the disk refused: all undone
+
+                def refused(db: sqlite3.Connection) -> None:
+                    raise sqlite_error(code, name)
+
+                return real([*ops, refused])
+            return real(ops)
+
+        s.run_ops = failing  # type: ignore[method-assign]
+        futs = [
+            gc.submit(lambda db, i=i: s.append_batches_in(db, [(None, [reading(i)])]))
+            for i in range(3)
+        ]
+        first = await asyncio.gather(*futs, return_exceptions=True)
+        assert not s.write_state.writable and s.write_state.kind == kind
+        assert s.write_state.since is not None and name in (s.write_state.last_error or "")
+        second = await asyncio.gather(
+            gc.submit(lambda db: s.append_batches_in(db, [(None, [reading(7)])]))
+        )
+        gc.close()
+        await task
+        return first, second
+
+    with Store(path, gateway_id="gw") as s:
+        first, second = asyncio.run(main(s))
+        assert all(isinstance(x, StoreUnwritable) and x.kind == kind for x in first), first
+        assert "refusing new readings" in str(first[0])
+        assert second == [[True]]
+        assert s.write_state.writable and s.write_state.errors == 1
+        assert [r["value"] for r in s.readings_between(1, s.last_seq())] == [7.0]
 
 
 def test_lazy_ops_wait_for_their_deadline_or_ride_an_earlier_commit(tmp_path: Path) -> None:

@@ -171,3 +171,49 @@ def test_journal_mode_commits_every_rename_on_any_fsync_but_no_bytes(tmp_path: P
         assert sorted(os.listdir(m)) == ["db", "other", "unsynced"]
         assert (m / "db").read_bytes() == b"state"
         assert (m / "unsynced").read_bytes() == b""
+
+
+def test_a_dying_card_turns_read_only_or_fails_with_eio_and_reads_go_on(
+    disk: PowerCutMount,
+) -> None:
+    import errno
+
+    m = disk.path
+    write(m / "kept", b"durable", sync=True)
+    with (m / "kept").open("ab") as f:
+        f.write(b"+dirty")
+        f.flush()
+        disk.readonly()
+        with pytest.raises(OSError) as e:
+            os.fsync(f.fileno())  # dirty data to carry: refused
+        assert e.value.errno == errno.EROFS
+    for call in (
+        lambda: write(m / "new", b"x"),
+        lambda: os.mkdir(m / "dir"),
+        lambda: os.rename(m / "kept", m / "moved"),
+        lambda: os.unlink(m / "kept"),
+        lambda: os.truncate(m / "kept", 0),
+        lambda: os.chmod(m / "kept", 0o600),
+    ):
+        with pytest.raises(OSError) as e:
+            call()
+        assert e.value.errno == errno.EROFS
+    assert (m / "kept").read_bytes() == b"durable+dirty"  # reads go on
+    disk.eio()
+    fd = os.open(m / "kept", os.O_RDWR)
+    try:
+        with pytest.raises(OSError) as e:
+            os.pwrite(fd, b"x", 0)
+        assert e.value.errno == errno.EIO
+        with pytest.raises(OSError) as e:
+            os.fsync(fd)  # even with nothing dirty
+        assert e.value.errno == errno.EIO
+        assert os.pread(fd, 7, 0) == b"durable"
+    finally:
+        os.close(fd)
+    refused = disk.heal()["refused"]
+    assert refused["write"] >= 1 and refused["fsync"] >= 2, refused
+    write(m / "after", b"healed", sync=True)
+    disk.cut()
+    assert (m / "after").read_bytes() == b"healed"
+    assert (m / "kept").read_bytes() == b"durable"

@@ -4,6 +4,10 @@ model.py holds the rules; this module only speaks FUSE (mfusepy over libfuse 3)
 and listens on a Unix socket for the harness: ``freeze`` (from now on every
 file system call blocks forever, as on a machine whose power just went, so
 nothing more reaches the backing directory), ``stats`` (JSON) and ``ping``.
+A dying SD card: ``readonly`` (as ext4 remounting itself read-only on errors:
+every mutating call fails with EROFS, an fsync only if it has dirty data to
+carry; reads go on), ``eio`` (the same calls, and every fsync, fail with EIO)
+and ``heal`` (both gone; what was durable before stays so).
 A cut is: freeze, SIGKILL the programs using the mount, SIGKILL this process
 (its memory is the volatile state), unmount; mount.py does that.
 """
@@ -55,6 +59,22 @@ def gated(fn: F) -> F:
     return call  # type: ignore[return-value]
 
 
+FAULTS = {"readonly": errno.EROFS, "eio": errno.EIO}
+
+
+def mutating(fn: F) -> F:
+    """A call that changes the file system: refused while a fault is set (inside ``gated``)."""
+
+    @functools.wraps(fn)
+    def call(self: PowerCutFS, *args: Any) -> Any:
+        if self.fault is not None:
+            self.refused[fn.__name__] += 1
+            raise FsError(FAULTS[self.fault])
+        return fn(self, *args)
+
+    return call  # type: ignore[return-value]
+
+
 class PowerCutFS(mfusepy.Operations):
     use_ns = True
 
@@ -63,6 +83,8 @@ class PowerCutFS(mfusepy.Operations):
         self.fsync_delay = fsync_delay
         self.frozen = threading.Event()
         self.handles: Counter[int] = Counter()
+        self.fault: str | None = None  # "readonly" or "eio": a dying card (FAULTS)
+        self.refused: Counter[str] = Counter()  # calls a fault refused, by name
 
     def _node(self, path: str | None, fh: int | None) -> Any:
         if fh:
@@ -103,26 +125,31 @@ class PowerCutFS(mfusepy.Operations):
         return 0
 
     @gated
+    @mutating
     def mkdir(self, path: str, mode: int) -> int:
         self.image.make(path, stat.S_IFDIR | (mode & 0o7777))
         return 0
 
     @gated
+    @mutating
     def rmdir(self, path: str) -> int:
         self.image.remove(path, want_dir=True)
         return 0
 
     @gated
+    @mutating
     def unlink(self, path: str) -> int:
         self.image.remove(path, want_dir=False)
         return 0
 
     @gated
+    @mutating
     def rename(self, old: str, new: str) -> int:
         self.image.rename(old, new)
         return 0
 
     @gated
+    @mutating
     def create(self, path: str, mode: int, fi: Any = None) -> int:
         node = self.image.make(path, stat.S_IFREG | (mode & 0o7777))
         self.handles[node.ino] += 1
@@ -132,6 +159,9 @@ class PowerCutFS(mfusepy.Operations):
     def open(self, path: str, flags: int) -> int:
         node = self.image.lookup(path)
         if flags & os.O_TRUNC:
+            if self.fault is not None:
+                self.refused["open"] += 1
+                raise FsError(FAULTS[self.fault])
             self.image.truncate(node.ino, 0)
         self.handles[node.ino] += 1
         return node.ino
@@ -153,10 +183,12 @@ class PowerCutFS(mfusepy.Operations):
         return bytes(self.image.inodes[fh].data[offset : offset + size])
 
     @gated
+    @mutating
     def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
         return self.image.write(fh, data, offset)
 
     @gated
+    @mutating
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
         self.image.truncate(self._node(path, fh).ino, length)
         return 0
@@ -168,25 +200,36 @@ class PowerCutFS(mfusepy.Operations):
 
     @gated
     def _fsync(self, path: str | None, datasync: int, fh: int) -> int:
+        self._fsync_fault(self.image.inodes[fh].dirty)
         self.image.fsync(fh)
         return 0
 
     @gated
     def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
+        self._fsync_fault([])
         self.image.fsyncdir(fh or self.image.lookup(path or "/").ino)
         return 0
 
+    def _fsync_fault(self, dirty: list[tuple[int, int]]) -> None:
+        """EIO fails every fsync; read-only fails one with dirty data to carry."""
+        if self.fault == "eio" or (self.fault == "readonly" and dirty):
+            self.refused["fsync"] += 1
+            raise FsError(FAULTS[self.fault])
+
     @gated
+    @mutating
     def chmod(self, path: str | None, mode: int) -> int:
         node = self.image.lookup(path or "/")
         node.mode = (node.mode & ~0o7777) | (mode & 0o7777)
         return 0
 
     @gated
+    @mutating
     def chown(self, path: str | None, uid: int, gid: int) -> int:
         return 0
 
     @gated
+    @mutating
     def utimens(self, path: str | None, times: tuple[int, int] | None = None) -> int:
         node = self.image.lookup(path or "/")
         node.mtime = times[1] / 1e9 if times else time.time()
@@ -221,6 +264,10 @@ class PowerCutFS(mfusepy.Operations):
                 elif cmd == "stats":
                     with self.image.lock:
                         reply = self.image.stats.as_dict() | {"used": self.image.used()}
+                elif cmd in FAULTS or cmd == "heal":
+                    with self.image.lock:  # a call under way finishes first
+                        self.fault = None if cmd == "heal" else cmd
+                        reply = {"fault": self.fault, "refused": dict(self.refused)}
                 else:
                     reply = {"pong": True}
                 conn.sendall(json.dumps(reply).encode())

@@ -101,6 +101,19 @@ class PowerCutMount:
         out["cuts"] = self.cuts
         return out
 
+    def readonly(self) -> dict[str, Any]:
+        """The card turns read-only (ext4 ``errors=remount-ro``): mutating calls fail with
+        EROFS, reads go on. Until ``heal`` or the next cut."""
+        return self._ask("readonly") or {}
+
+    def eio(self) -> dict[str, Any]:
+        """The card fails its writes: mutating calls and fsyncs fail with EIO, reads go on."""
+        return self._ask("eio") or {}
+
+    def heal(self) -> dict[str, Any]:
+        """The fault is gone (a new card, in effect; what was durable stays)."""
+        return self._ask("heal") or {}
+
     def cut(self, *victims: subprocess.Popen[Any] | int) -> None:
         """Power off and on: nothing more reaches the backing directory, the programs
         using the mount die where they stand, the page cache is gone, then it mounts

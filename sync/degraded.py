@@ -1,0 +1,175 @@
+"""Degraded delivery: what the store holds goes out while the store cannot be written.
+
+A dying SD card (ext4 remounted read-only, writes failing with EIO) stops the
+QoS 2 session: a new PUBLISH needs its packet id committed first (rule 1), a
+PUBREL needs its PUBREC committed first (rule 2). Its persisted state is left
+exactly as it is. Meanwhile this module delivers the readings the store holds
+on a SEPARATE session, at least once:
+
+- client id ``<client-id>-ro``, clean start, session expiry 0 (3.1.1:
+  CleanSession=1): the broker forgets it at disconnect, and it never shares
+  a packet id with the main session (packet ids are per session);
+- QoS 1, packet ids in memory only, nothing committed;
+- every outbox row, oldest first (in-flight messages' readings and waiting
+  ones alike), read through the store's read connection, in the same payload
+  format as the main session's messages.
+
+When a probe commit succeeds (at most every ``probe_every`` seconds, or any
+other commit does), it disconnects and the uplink resumes its QoS 2 session,
+which sends everything again: MQTT-level duplicates of what was delivered
+here, absorbed by the cloud's dedup on reading ids. The trade: at-least-once
+while the card is dying, instead of nothing at all (docs/failure-model.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .client import ConnectionClosed, ConnectOptions, connect
+from .codec import ProtocolError
+from .packets import Disconnect, Puback, Publish
+from .store import StoreError
+from .wire import encode_payload
+
+if TYPE_CHECKING:
+    from .uplink import Uplink
+
+log = logging.getLogger(__name__)
+
+PROBE_EVERY_S = 3.0
+WINDOW = 10  # QoS 1 messages in flight on the degraded session
+
+
+@dataclass
+class DegradedStats:
+    active: bool = False
+    since: float | None = None  # wall time this episode began
+    episodes: int = 0
+    delivered: int = 0  # readings PUBACKed on the degraded session, ever
+    messages: int = 0
+    probes: int = 0
+    last_error: str | None = None
+
+
+class DegradedDelivery:
+    """Runs while the store is unwritable; see the module docstring."""
+
+    def __init__(self, uplink: Uplink, probe_every: float = PROBE_EVERY_S) -> None:
+        self.up = uplink
+        self.store = uplink.store
+        self.probe_every = probe_every
+        self.stats = DegradedStats()
+        self.opts: ConnectOptions = dataclasses.replace(
+            uplink.opts, client_id=f"{uplink.opts.client_id}-ro"
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver what the store holds until it can be written again (or ``stop``)."""
+        st = self.stats
+        st.active, st.since, st.episodes = True, time.time(), st.episodes + 1
+        self.up.status.state = "degraded"
+        log.error(
+            "store unwritable: delivering what it holds on session %s (QoS 1, not durable)",
+            self.opts.client_id,
+        )
+        next_probe = time.monotonic() + self.probe_every
+        done_upto = 0  # every reading up to this seq was PUBACKed in this episode
+        try:
+            while not stop.is_set() and not self.store.write_state.writable:
+                if time.monotonic() >= next_probe:
+                    if await self._probe():
+                        break
+                    next_probe = time.monotonic() + self.probe_every
+                try:
+                    done_upto = await self._session(stop, done_upto, next_probe)
+                except (ConnectionClosed, OSError, TimeoutError, ProtocolError) as exc:
+                    st.last_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("degraded delivery: %s", st.last_error)
+                    with contextlib.suppress(TimeoutError):
+                        wait = max(0.0, min(1.0, next_probe - time.monotonic()))
+                        await asyncio.wait_for(stop.wait(), wait)
+        finally:
+            st.active = False
+        log.warning(
+            "store writable again: %d readings were delivered while it was not; "
+            "the QoS 2 session resumes and sends them again (the cloud dedups them)",
+            st.delivered,
+        )
+
+    async def _probe(self) -> bool:
+        """A small real commit: True once the store takes writes again."""
+        self.stats.probes += 1
+        with contextlib.suppress(StoreError):
+            await self.up.commits.submit(self.store.probe_write_in, within=0)
+        return self.store.write_state.writable
+
+    async def _session(self, stop: asyncio.Event, done_upto: int, until: float) -> int:
+        """One connection of the degraded session, until ``until`` (monotonic), a stop,
+        or the store writable again; returns how far the PUBACKs got."""
+        conn, _ = await connect(self.up.url, self.opts, clean_start=True, session_expiry=0)
+        try:
+            cursor = done_upto
+            inflight: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
+            next_pid = 0
+            while not stop.is_set() and not self.store.write_state.writable:
+                while len(inflight) < WINDOW:
+                    rows = await asyncio.to_thread(self._next_message, cursor)
+                    if not rows:
+                        break
+                    bodies = [b for _, _, b in rows]
+                    last = rows[-1][0] + rows[-1][1] - 1
+                    next_pid = next_pid % 65535 + 1
+                    while next_pid in inflight:
+                        next_pid = next_pid % 65535 + 1
+                    payload = encode_payload(self.store.gateway_id, bodies)
+                    await conn.send(Publish(self.up.topic, payload, 1, packet_id=next_pid))
+                    inflight[next_pid] = (last, sum(n for _, n, _ in rows))
+                    cursor = last
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                for pkt in await conn.recv(min(left, 0.5)):
+                    if isinstance(pkt, Puback) and pkt.packet_id in inflight:
+                        last, n = inflight.pop(pkt.packet_id)
+                        self.stats.delivered += n
+                        self.stats.messages += 1
+                        if not inflight or min(v[0] for v in inflight.values()) > last:
+                            done_upto = max(done_upto, last)
+                        if not inflight:
+                            done_upto = max(done_upto, cursor)
+            return done_upto
+        finally:
+            await conn.close(Disconnect())
+
+    def _next_message(self, after_seq: int) -> list[tuple[int, int, bytes]]:
+        """The outbox rows of the next message above ``after_seq``: about a batch of
+        readings within the payload limit (the read connection: no write needed)."""
+        rows = self.store.waiting_rows(after_seq, self.up.cfg.batch)
+        out: list[tuple[int, int, bytes]] = []
+        size, count = len(self.up._head) + 2, 0
+        cfg = self.up.cfg
+        for seq, n, body in rows:
+            if out and (size + len(body) + 1 > cfg.max_bytes or count + n > cfg.batch):
+                break
+            out.append((seq, n, body))
+            size, count = size + len(body) + 1, count + n
+        return out
+
+    def metrics(self) -> dict[str, Any]:
+        st = self.stats
+        return {
+            "active": st.active,
+            "since": st.since if st.active else None,
+            "client_id": self.opts.client_id,
+            "delivered_while_unwritable": st.delivered,
+            "messages": st.messages,
+            "episodes": st.episodes,
+            "last_error": st.last_error,
+        }

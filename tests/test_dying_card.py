@@ -1,0 +1,147 @@
+"""A dying card: the store's file system turns read-only, or fails its writes with EIO,
+while nodes publish (tests/powercut: ``readonly``, ``eio``, ``heal``).
+
+The gateway must refuse new data (no PUBACK, so the nodes keep their messages), keep
+delivering what the store holds (degraded session ``<id>-ro``, QoS 1), say so in its
+status, and never acknowledge a reading it could not write. At the end: every
+acknowledged reading reached the cloud, nothing arrived that no node sent or no commit
+witnessed, and the only duplicates at the cloud are readings the degraded session sent.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from pubcomp.checker import Checker
+from pubcomp.devbroker import Mosquitto
+from pubcomp.devlink import LinkProxy
+from pubcomp.gateway import commitlog
+from pubcomp.gateway.status import verdict
+from tests.powercut import PowerCutMount, fuse_missing
+
+from .gateway_helpers import GatewayProc, PahoNode
+from .node_helpers import wait_until
+
+pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[PowerCutMount]:
+    with PowerCutMount(tmp_path / "backing", tmp_path / "disk") as d:
+        yield d
+
+
+def acked(nodes: list[PahoNode]) -> set[str]:
+    return set().union(*(n.reading_ids() for n in nodes))
+
+
+def ts_us(ts: str) -> int:
+    t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    return int(t.timestamp()) * 1_000_000 + t.microsecond
+
+
+@pytest.mark.parametrize(
+    ("fault", "headline"), [("readonly", "STORE READ-ONLY"), ("eio", "STORE WRITES FAIL")]
+)
+def test_a_dying_card_refuses_new_readings_and_delivers_what_it_holds(
+    tmp_path: Path, disk: PowerCutMount, mosquitto: Mosquitto, fault: str, headline: str
+) -> None:
+    link = LinkProxy(mosquitto.port)
+    checker = Checker(mosquitto.port, topic="telemetry/#", client_id=f"dying-{fault}").start()
+    sensors = [{"id": "counter", "type": "simulated", "signal": "counter", "interval_s": 0.2}]
+    gw = GatewayProc(tmp_path, link.port, sensors=sensors, nodes={"n1": "pw-1", "n2": "pw-2"})
+    gw.db = disk.path / "state" / "gateway.db"
+    gw.write()
+    commits = tmp_path / "commits.jsonl"
+    env = {"PUBCOMP_COMMIT_LOG": str(commits)}
+    gw.start(env)
+    nodes = [PahoNode(n, f"pw-{i}", gw.ingress_port).start() for i, n in ((1, "n1"), (2, "n2"))]
+    try:
+        assert wait_until(lambda: len(acked(nodes)) >= 60, 30)
+        # The uplink goes down first, so the store holds a backlog when the card fails.
+        link.down()
+        before = len(acked(nodes))
+        assert wait_until(lambda: len(acked(nodes)) >= before + 60, 30)
+        assert wait_until(lambda: gw.status()["uplink"]["backlog"] >= 60, 30)
+
+        getattr(disk, fault)()
+        # A message whose commit returned before the fault may still get its PUBACK: at
+        # most one per node (one in flight each). After that, none at all.
+        assert wait_until(lambda: not gw.status()["store"]["writable"], 30), gw.status()
+        at_fault = acked(nodes)
+        counts_fault = Counter(checker.counts)  # the link is down: nothing more arrives
+        st = gw.status()
+        assert st["healthy"] is False
+        link.up()  # the main session cannot advance: degraded delivery sends the backlog
+        assert wait_until(lambda: at_fault <= checker.counts.keys(), 60), (
+            f"held readings not delivered while {fault}: {gw.status()['uplink']['degraded']}"
+        )
+        counts_a = Counter(checker.counts)
+        st = gw.status()
+        up, store = st["uplink"], st["store"]
+        assert up["degraded"]["active"], up
+        assert up["degraded"]["delivered_while_unwritable"] >= 60
+        assert st["intake"]["refused_unwritable"] >= 1 or any(
+            d["rejected"].get("store_unwritable") for d in st["nodes"].values()
+        ), st
+        assert st["intake"]["sensor_readings_refused_unwritable"] >= 1
+        assert store["write_errors"] >= 1
+        with_no_acks = acked(nodes)
+        assert len(with_no_acks - at_fault) <= 2, "PUBACKs went on after the store failed"
+        level, head, code = verdict(st)
+        assert level == "unhealthy" and code == 1 and head.startswith(headline), head
+        assert "refusing new readings; delivering the" in head and "(not durable)" in head
+        with urllib.request.urlopen(gw.url("/metrics"), timeout=5) as r:
+            metrics = r.read().decode()
+        assert "pubcomp_store_writable 0.0" in metrics
+        assert "pubcomp_store_write_errors_total" in metrics
+
+        disk.heal()
+        assert wait_until(lambda: gw.status()["store"]["writable"], 30)
+        assert wait_until(lambda: gw.status()["uplink"]["state"] == "connected", 30)
+        after = len(acked(nodes))
+        assert wait_until(lambda: len(acked(nodes)) >= after + 30, 30), "acks did not resume"
+    finally:
+        for n in nodes:
+            n.stop()
+    every_ack = acked(nodes)
+    assert gw.terminate() == 0
+    gw.sensors = []  # quiet: the backlog can drain to 0
+    gw.write()
+    gw.start(env)
+
+    def drained() -> bool:
+        up = gw.status()["uplink"]
+        return up["backlog"] == 0 and up["inflight_messages"] == 0
+
+    assert wait_until(drained, 60), gw.status()["uplink"]
+    assert wait_until(lambda: every_ack <= checker.counts.keys(), 30)
+    gw.terminate()
+    counts = Counter(checker.counts)
+    readings = dict(checker.readings)
+    checker.stop()
+
+    missing = every_ack - counts.keys()
+    assert not missing, f"{len(missing)} acknowledged readings never arrived"
+    witness = commitlog.read(commits)
+    claimed = set()
+    for rid in counts:
+        if rid.startswith(("n1/", "n2/")):
+            if rid not in every_ack:
+                claimed.add(rid)
+        else:
+            sensor, ts, _ = readings[rid]
+            if (gw.gid, sensor, ts_us(ts)) not in witness:
+                claimed.add(rid)
+    assert not claimed, f"readings nobody acknowledged or witnessed: {sorted(claimed)[:5]}"
+    dups = {rid for rid, n in counts.items() if n > 1}
+    degraded = {rid for rid, n in counts_a.items() if n > counts_fault[rid]}
+    odd = sorted(dups - degraded)[:5]
+    assert dups <= degraded, f"duplicates not sent by degraded delivery: {odd}"
+    assert dups, "degraded delivery's readings are sent again by the resumed QoS 2 session"
