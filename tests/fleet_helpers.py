@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -48,12 +50,20 @@ class StatusWatcher:
         with self._lock:
             return list(self.messages.get(gateway, []))
 
+    def mark(self, gateway: str) -> int:
+        """How many messages of ``gateway`` came so far (for ``wait(after=...)``)."""
+        return len(self.all(gateway))
+
     def wait(
-        self, gateway: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0
+        self,
+        gateway: str,
+        pred: Callable[[dict[str, Any]], bool],
+        timeout: float = 60.0,
+        after: int = 0,
     ) -> dict[str, Any]:
-        """The first message (kept, or arriving) of ``gateway`` that satisfies ``pred``."""
+        """The first message of ``gateway`` after the first ``after`` that satisfies ``pred``."""
         deadline = time.monotonic() + timeout
-        seen = 0
+        seen = after
         while time.monotonic() < deadline:
             msgs = self.all(gateway)
             for m in msgs[seen:]:
@@ -66,3 +76,125 @@ class StatusWatcher:
     def close(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
+
+
+def _varint(sock: socket.socket, first: bytes) -> tuple[int, bytes]:
+    """An MQTT remaining length read from the socket (and the bytes read)."""
+    n, mult, raw = 0, 1, b""
+    while True:
+        b = sock.recv(1)
+        if not b:
+            raise ConnectionError("closed in the fixed header")
+        raw += b
+        n += (b[0] & 0x7F) * mult
+        if not b[0] & 0x80:
+            return n, first + raw
+        mult *= 128
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed mid-packet")
+        out += chunk
+    return out
+
+
+def connect_client_id(packet: bytes) -> str:
+    """The client id in a CONNECT's variable header and payload (3.1.1 and 5.0)."""
+    i = 2 + int.from_bytes(packet[0:2], "big")  # protocol name
+    level = packet[i]
+    i += 1 + 1 + 2  # level, flags, keepalive
+    if level == 5:  # properties: a variable byte integer length, then the properties
+        n, mult = 0, 1
+        while True:
+            b = packet[i]
+            i += 1
+            n += (b & 0x7F) * mult
+            if not b & 0x80:
+                break
+            mult *= 128
+        i += n
+    size = int.from_bytes(packet[i : i + 2], "big")
+    return packet[i + 2 : i + 2 + size].decode()
+
+
+class CutProxy:
+    """A TCP relay to the broker that can cut the connections of one MQTT client id.
+
+    A cut client's connections are closed, and new ones closed right after their
+    CONNECT, until ``restore``; every other client (a gateway's status link) passes."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = upstream_port
+        self.cut_ids: set[str] = set()
+        self._conns: list[tuple[str, socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.refused = 0
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            first = _recv_exact(client, 1)
+            size, head = _varint(client, first)
+            body = _recv_exact(client, size)
+            cid = connect_client_id(body)
+        except (OSError, ConnectionError, IndexError, UnicodeDecodeError):
+            client.close()
+            return
+        with self._lock:
+            if cid in self.cut_ids:
+                self.refused += 1
+                client.close()
+                return
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            self._conns.append((cid, client, up))
+        up.sendall(head + body)
+        threading.Thread(target=self._pump, args=(up, client), daemon=True).start()
+        self._pump(client, up)
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self, client_id: str) -> None:
+        with self._lock:
+            self.cut_ids.add(client_id)
+            for cid, a, b in self._conns:
+                if cid == client_id:
+                    for s in (a, b):
+                        with contextlib.suppress(OSError):
+                            s.shutdown(socket.SHUT_RDWR)
+
+    def restore(self, client_id: str) -> None:
+        with self._lock:
+            self.cut_ids.discard(client_id)
+
+    def close(self) -> None:
+        self._closed = True
+        self.server.close()
+        with self._lock:
+            for _, a, b in self._conns:
+                for s in (a, b):
+                    with contextlib.suppress(OSError):
+                        s.close()
