@@ -129,7 +129,8 @@ def render(views: list[GatewayView], warehouse: str, now: float | None = None) -
         f'<p class="note">From <code>{html.escape(warehouse)}</code> (gateway_health), drawn '
         f"{drawn} UTC. Worst first: offline, oldest unsent reading, clock, disk. The chart is "
         f"each gateway's highest backlog per minute over the last {HISTORY_H:g} hours it "
-        "reported.</p>",
+        "reported. For an offline gateway the figures are those of its last status, the "
+        "uplink state in parentheses.</p>",
     ]
     if not ranked:
         out.append(

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
+import time
 from pathlib import Path
+
+import paho.mqtt.client as mqtt
 
 from pubcomp.devbroker import Mosquitto
 from pubcomp.gateway.config import Fleet
 
 from .fleet_helpers import StatusWatcher
 from .gateway_helpers import GatewayProc
+from .ingest_helpers import IngestProc, rejected
+from .test_fleet_view import status
 
 SIM = [{"id": "t", "type": "simulated", "interval_s": 0.2, "unit": "C"}]
 FAST = {"status": {"min_interval_s": 1, "heartbeat_s": 5}}
@@ -94,3 +100,37 @@ def test_status_keys_are_validated_like_the_others(tmp_path: Path) -> None:
     fleet.write_text(fleet.read_text().replace("heartbeat_s: 10", "heartbeat_s: 60"))
     gw2 = Fleet(fleet).gateway("gw2")
     assert gw2.status_topic() == "t/gw2/status" and gw2.status.enabled
+
+
+def test_the_ingest_lands_statuses_apart_and_rejects_what_is_no_status(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    landing = tmp_path / "landing"
+    ing = IngestProc(mosquitto.port, landing).start()
+    good = status("gw-x")
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="pub")
+    pub.connect("127.0.0.1", mosquitto.port)
+    pub.loop_start()
+    try:
+        for payload in (json.dumps(good), json.dumps({**good, "v": 2}), b"\xff not json"):
+            pub.publish("telemetry/gw-x/status", payload, qos=1).wait_for_publish(10)
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+
+    def count(pattern: str) -> int:
+        return sum(len(f.read_text().splitlines()) for f in landing.glob(pattern))
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if count("_incoming/_status/*.jsonl") == 1 and count("_incoming/_rejected/status-*") == 2:
+            break
+        time.sleep(0.05)
+    stats = ing.stop()
+    assert stats["status"] == {"messages": 1, "rejected": 2, "connections": 1, "last_error": None}
+    (f,) = landing.glob("_status/date=*/status-ingest-1-*.jsonl")  # rolled at the stop
+    line = json.loads(f.read_text())
+    assert line.pop("received").endswith("Z") and line == good
+    reasons = [r["reason"] for r in rejected(landing)]
+    assert sorted(r.split(":")[0] for r in reasons) == ["not_json", "schema"], reasons
+    assert not list(landing.glob("date=*/*")), "no status among the readings"
