@@ -191,6 +191,7 @@ class StatusPublisher:
         self.connected = False
         self.last_error: str | None = None
         self._n = 0
+        self._connections = 0
         self._stats: dict[str, Any] | None = None
         self._wake = asyncio.Event()
         self._last_key: tuple[Any, ...] | None = None
@@ -207,10 +208,11 @@ class StatusPublisher:
 
     def _client(self) -> aiomqtt.Client:
         up = self.cfg.uplink
+        self._connections += 1  # each connection's Will has an id of its own
         will = offline_message(
             self.cfg.id,
             self.cfg.fleet,
-            msg_id=f"{self.run_id}/will-{self._n + 1}",
+            msg_id=f"{self.run_id}/will-{self._connections}",
             reason="will",
             started=self.started,
             at=time.time(),

@@ -160,3 +160,26 @@ def test_one_line_errors(tmp_path: Any, capsys: Any) -> None:
     code = cli.main(["fleet", "watch", "--broker", "http://x", "--once"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("pubcomp fleet watch: broker URL 'http://x'")
+
+
+def test_the_status_schema_is_valid_and_the_documented_examples_follow_it() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    import jsonschema
+
+    from pubcomp.sync import wire
+
+    text = (Path(__file__).parent.parent / "sync/schemas/gateway-status.v1.json").read_text()
+    jsonschema.Draft202012Validator.check_schema(json.loads(text))
+    doc = (Path(__file__).parent.parent / "docs/wire-format.md").read_text()
+    section = doc[doc.index("## Gateway status") :]
+    examples = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", section, re.S)]
+    assert [e["online"] for e in examples] == [True, False]
+    v = wire.validator("gateway-status.v1.json")
+    for e in [*examples, status("a"), offline("b", "stopped")]:
+        assert list(v.iter_errors(e)) == [], e
+    # An offline message carries no figures; an online one must.
+    assert not v.is_valid({**offline("c"), "uplink": status("c")["uplink"]})
+    assert not v.is_valid({k: x for k, x in status("d").items() if k != "uplink"})
