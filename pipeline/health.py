@@ -462,7 +462,7 @@ def views(spark: SparkSession, warehouse: str, history_hours: float = 24.0) -> l
             nodes=_plain(r.nodes or {}),
         )
         out[v.gateway] = v
-    if out and path_exists(spark, f"{wh}/{MINUTES}"):
+    if out and history_hours > 0 and path_exists(spark, f"{wh}/{MINUTES}"):
         m = spark.read.schema(MINUTES_SCHEMA).parquet(f"{wh}/{MINUTES}")
         newest = m.agg(F.max("minute")).first()
         if newest is not None and newest[0] is not None:
