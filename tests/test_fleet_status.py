@@ -55,6 +55,9 @@ def test_status_is_retained_and_the_will_marks_a_killed_gateway_offline(
         finally:
             late.close()
 
+        # Again with MQTT 3.1.1 (the status link follows the uplink's protocol) and no clock.
+        gw.extra["uplink"] = {"protocol": "3.1.1"}
+        gw.write()
         gw.start(env={"PUBCOMP_CLOCK_KERNEL": "unsynced"})
         run1 = ok["id"].split("/")[0]
         back = watcher.wait("gw-s", lambda m: m["online"] and not m["id"].startswith(run1))
