@@ -250,6 +250,9 @@ class StatusPublisher:
                         await self._stopped(client)
                         raise
             except aiomqtt.MqttError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # a failed DISCONNECT while stopping
+                    raise asyncio.CancelledError from exc
                 if self.last_error is None:
                     log.warning("status link to %s: %s (retrying)", self.url, exc)
                 self.last_error = str(exc)
