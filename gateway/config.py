@@ -141,6 +141,38 @@ class HealthSection(_Model):
     port: Annotated[int, Field(ge=0, le=65535)] = 9101
 
 
+class StatusSection(_Model):
+    """The gateway's health, published to the cloud broker (gateway/fleetstatus.py).
+
+    A retained QoS 1 message on its own connection (the uplink's broker, TLS and
+    credentials; client id ``{gateway}-status``), with a Will that marks the
+    gateway offline. Sent at each connection, when something changes (at most
+    every ``min_interval_s``) and at least every ``heartbeat_s``.
+    """
+
+    enabled: bool = True
+    # Default: {uplink.topic_prefix}/{gateway}/status (docs/wire-format.md).
+    topic: str | None = None
+    min_interval_s: Annotated[float, Field(ge=1, le=3600)] = 10.0
+    heartbeat_s: Annotated[float, Field(ge=5, le=86400)] = 300.0
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, v: str | None) -> str | None:
+        if v is not None and (not v or "+" in v or "#" in v or v.startswith("$")):
+            raise ValueError("expected a topic name: not empty, no wildcards, not under $")
+        return v
+
+    @model_validator(mode="after")
+    def _intervals(self) -> StatusSection:
+        if self.heartbeat_s < self.min_interval_s:
+            raise ValueError(
+                f"heartbeat_s {self.heartbeat_s:g} is shorter than min_interval_s "
+                f"{self.min_interval_s:g}"
+            )
+        return self
+
+
 GpioName = Literal["auto", "rpigpio", "gpiozero", "simulated"]
 
 
@@ -244,6 +276,7 @@ class GatewayConfig(_Model):
     store: StoreSection = StoreSection()
     ingress: IngressSection = IngressSection()
     health: HealthSection = HealthSection()
+    status: StatusSection = StatusSection()
     gpio: GpioName = "auto"
     sensors: list[SensorConfig] = []
     nodes: list[NodeConfig] = []
@@ -251,8 +284,11 @@ class GatewayConfig(_Model):
     def client_id(self) -> str:
         return self.uplink.client_id or self.id
 
+    def status_topic(self) -> str:
+        return self.status.topic or f"{self.uplink.topic_prefix}/{self.id}/status"
 
-SECTIONS = ("uplink", "store", "ingress", "health", "gpio")
+
+SECTIONS = ("uplink", "store", "ingress", "health", "status", "gpio")
 TOP_KEYS = ("fleet", "defaults", "gateways")
 GATEWAY_KEYS = (*SECTIONS, "sensors", "nodes")
 

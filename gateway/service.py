@@ -27,10 +27,11 @@ from pubcomp.sync.packets import MQTT_5, MQTT_311
 from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 
-from .clock import CORRECTED, UNSYNCED, ClockWatch, kernel_synced
+from .clock import CORRECTED, UNSYNCED, ClockWatch, kernel_check
 from .commitlog import CommitLog
 from .config import GatewayConfig
 from .drivers import Drivers
+from .fleetstatus import StatusPublisher
 from .health import HealthServer
 from .ingress import Ingress
 from .intake import Intake
@@ -75,7 +76,7 @@ class Gateway:
         )
         self.wear = Wear(cfg.store.flash_endurance_tbw)
         self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
-        self.clock = clock or ClockWatch(kernel_synced)
+        self.clock = clock or ClockWatch(kernel_check())
         audit = CommitLog.from_env()
         # One group commit for everything the gateway writes: node messages, sensor
         # readings and the uplink's session transitions share transactions and fsyncs.
@@ -110,6 +111,9 @@ class Gateway:
             list(cfg.sensors), lambda: make_factory(cfg.gpio), self.intake, self.clock, self.on_fix
         )
         self.health = HealthServer(cfg.health.host, cfg.health.port, self.snapshot, self.healthy)
+        self.status_link: StatusPublisher | None = None
+        if cfg.status.enabled:  # the gateway's health, to the cloud broker (fleetstatus.py)
+            self.status_link = StatusPublisher(cfg, self.snapshot, started=self.started)
         # The backlog peaks when the uplink connects again: record it then, not 2 s later.
         self.uplink.on_connect = self.health.record
         self.ingress_port: int | None = None
@@ -135,6 +139,8 @@ class Gateway:
             asyncio.create_task(self._watchdog_loop(), name="watchdog"),
             asyncio.create_task(self._prune_loop(), name="prune"),
         ]
+        if self.status_link is not None:
+            chores.append(asyncio.create_task(self.status_link.run(), name="status"))
         self.notifier.ready(self.status_line())
         log.info(
             "gateway %s running: ingress port %s, health port %s, %d sensors, %d nodes",
@@ -197,6 +203,8 @@ class Gateway:
             took = time.monotonic() - began
             self.health.record(st["backlog"])
             self.wear.sample(self.store.io.fsyncs)
+            if self.status_link is not None:
+                self.status_link.sampled(st)
             self.notifier.status(self.status_line(st))
             # Counting a large backlog reads the whole outbox: keep that under 5 % of the time.
             await asyncio.sleep(max(SAMPLE_S, 20 * took))
@@ -288,8 +296,10 @@ class Gateway:
             "refused_while_unwritable": ws.refused_readings,
         }
 
-    async def snapshot(self) -> dict[str, Any]:
-        st = await asyncio.to_thread(self.store.stats)
+    async def snapshot(self, st: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Everything the gateway shows; ``st``: store figures just read (else read now)."""
+        if st is None:
+            st = await asyncio.to_thread(self.store.stats)
         up = self.uplink.metrics(st)
         up["connected"] = up["state"] == "connected"
         free = shutil.disk_usage(os.path.dirname(os.path.abspath(self.cfg.store.path))).free

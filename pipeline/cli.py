@@ -13,6 +13,11 @@ def register(sub: Any) -> None:
     run.add_argument("--broker", required=True, help="mqtt://host:port or mqtts://host:port")
     run.add_argument("--client-id", required=True, help="also names this writer's files")
     run.add_argument("--topic", default="telemetry/+/readings")
+    run.add_argument(
+        "--status-topic",
+        default="telemetry/+/status",
+        help="the gateways' status messages, landed in _status/ ('' for none)",
+    )
     run.add_argument("--landing", required=True, help="landing directory")
     run.add_argument("--shared-group", help="share the subscription ($share/G/..., MQTT 5)")
     run.add_argument(

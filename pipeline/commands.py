@@ -28,7 +28,19 @@ def ingest_run(args: argparse.Namespace) -> int:
         max_file_bytes=int(args.roll_mb * (1 << 20)),
         max_file_age_s=args.roll_s,
     )
-    print(json.dumps(run(ingest)), flush=True)
+    status = None
+    if args.status_topic:  # the gateways' status messages, beside the readings
+        from .statusland import StatusLanding
+
+        status = StatusLanding(
+            args.broker,
+            opts,
+            args.status_topic,
+            Path(args.landing),
+            max_file_bytes=int(args.roll_mb * (1 << 20)),
+            max_file_age_s=args.roll_s,
+        )
+    print(json.dumps(run(ingest, status)), flush=True)
     return 0
 
 
@@ -62,11 +74,14 @@ def pipeline_run(args: argparse.Namespace) -> int:
 
     summary = run(args.landing, args.warehouse, args.master)
     print(summary.line(), flush=True)
+    if summary.gateway_health:
+        print(summary.gateway_health, flush=True)
     return 0
 
 
-def pipeline_report(args: argparse.Namespace) -> int:
-    wh = _local(args.warehouse)
+def warehouse_problem(location: str) -> str | None:
+    """Why a local --warehouse is not one (checked before Spark starts), else None."""
+    wh = _local(location)
     if wh is not None and not (wh.is_dir() and any((wh / m).is_dir() for m in WAREHOUSE_MARKS)):
         what = "does not exist" if not wh.exists() else "is not a warehouse (no readings/ in it)"
         near = (
@@ -76,11 +91,17 @@ def pipeline_report(args: argparse.Namespace) -> int:
         )
         close = difflib.get_close_matches(wh.name, near, n=1)
         hint = f" (did you mean {wh.parent / close[0]}?)" if close else ""
-        return _fail(
-            "report",
-            f"warehouse {args.warehouse} {what}{hint}; pass the --warehouse "
-            "`pubcomp pipeline run` wrote to",
+        return (
+            f"warehouse {location} {what}{hint}; pass the --warehouse "
+            "`pubcomp pipeline run` wrote to"
         )
+    return None
+
+
+def pipeline_report(args: argparse.Namespace) -> int:
+    problem = warehouse_problem(args.warehouse)
+    if problem is not None:
+        return _fail("report", problem)
     out_dir = Path(args.out).resolve().parent
     if not out_dir.is_dir():
         return _fail("report", f"--out {args.out}: directory {out_dir} does not exist")
@@ -100,4 +121,6 @@ def pipeline_report(args: argparse.Namespace) -> int:
         f"{t['quarantined']:,} quarantined",
         flush=True,
     )
+    if facts.fleet_page:
+        print(f"wrote {out.resolve().with_name(facts.fleet_page[0])}: {facts.fleet_page[1]}")
     return 0

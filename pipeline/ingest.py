@@ -518,8 +518,11 @@ def _rejection(pkt: Publish, why: str, received: str, record: dict[str, Any]) ->
     return json.dumps(rec, ensure_ascii=False).encode() + b"\n"
 
 
-def run(ingest: Ingest) -> dict[str, Any]:
-    """Run until SIGTERM/SIGINT; returns the run's figures."""
+def run(ingest: Ingest, status: Any = None) -> dict[str, Any]:
+    """Run until SIGTERM/SIGINT; returns the run's figures.
+
+    ``status``: the gateways' status messages' receiver (``statusland.StatusLanding``),
+    run beside the readings' on its own connection and files."""
     import signal
 
     async def main() -> None:
@@ -527,8 +530,9 @@ def run(ingest: Ingest) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await ingest.run(stop)
+        await asyncio.gather(ingest.run(stop), *([status.run(stop)] if status else []))
 
     started = time.monotonic()
     asyncio.run(main())
-    return {**ingest.stats.as_dict(), "seconds": round(time.monotonic() - started, 1)}
+    extra = {"status": status.stats.as_dict()} if status else {}
+    return {**ingest.stats.as_dict(), **extra, "seconds": round(time.monotonic() - started, 1)}

@@ -58,6 +58,7 @@ class RunSummary:
         default_factory=lambda: {"readings": 0, "rollup_1m": 0, "rollup_1h": 0, "rollup_1d": 0}
     )
     seconds: float = 0.0
+    gateway_health: str = ""  # what the gateway_health update did (pipeline/health.py)
 
     def line(self) -> str:
         p = self.partitions_rewritten
@@ -359,4 +360,8 @@ class Pipeline:
 
 def run(landing: str, warehouse: str, master: str | None = None) -> RunSummary:
     spark = spark_session(master)
-    return Pipeline(spark, landing, warehouse).run()
+    summary = Pipeline(spark, landing, warehouse).run()
+    from .health import update  # the gateways' status messages: gateway_health (issue 15)
+
+    summary.gateway_health = update(spark, landing, warehouse).line()
+    return summary

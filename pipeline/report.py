@@ -60,6 +60,7 @@ class Facts:
     heatmap: bytes = b""
     panels: dict[str, bytes] = field(default_factory=dict)  # origin -> PNG
     not_charted: list[str] = field(default_factory=list)
+    fleet_page: tuple[str, str] | None = None  # (file name, headline): pipeline/fleetpage.py
 
     @property
     def totals(self) -> dict[str, int]:
@@ -262,6 +263,12 @@ def render(f: Facts) -> str:
         f"{_when(f.first)} to {_when(f.last)} UTC; generated "
         f"{_when(datetime.now(UTC))} UTC.</p>",
     ]
+    if f.fleet_page:
+        name, headline = f.fleet_page
+        out.append(
+            f'<p id="fleet-link">Gateways: {html.escape(headline)}; see '
+            f'<a href="{html.escape(name)}">the fleet page</a>.</p>'
+        )
     if not f.quality:
         out.append(
             "<p>The warehouse holds no readings yet: run <code>pubcomp pipeline run</code>.</p>"
@@ -339,6 +346,10 @@ def render(f: Facts) -> str:
 
 def write(spark: SparkSession, warehouse: str, out: Path, **limits: int) -> Facts:
     facts = Report(spark, warehouse, **limits).facts()
+    from . import fleetpage  # the gateways' health, worst first (issue 15)
+
+    page = fleetpage.page_path(out)
+    facts.fleet_page = (page.name, fleetpage.write(spark, warehouse, page))
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(render(facts))
     tmp.replace(out)

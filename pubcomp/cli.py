@@ -21,6 +21,7 @@ PARTS = (
     "pubcomp.sensors.cli",
     "pubcomp.gateway.cli",
     "pubcomp.pipeline.cli",
+    "pubcomp.pipeline.fleetcli",
 )
 
 

@@ -222,7 +222,7 @@ class Demo:
         return self.pipeline(at_cloud)
 
     def pipeline(self, at_cloud: set[str]) -> int:
-        from .pipeline import report
+        from .pipeline import health, report
         from .pipeline.audit import delivered
         from .pipeline.job import Pipeline, spark_session
 
@@ -230,6 +230,7 @@ class Demo:
         self.stack.callback(spark.stop)
         wh = self.out / "warehouse"
         summary = Pipeline(spark, str(self.out / "landing"), str(wh)).run()
+        health.update(spark, str(self.out / "landing"), str(wh))  # gateway_health, the fleet page
         got = delivered(spark, wh)
         node_ids: set[str] = set()
         node_acked = 0

@@ -1,0 +1,320 @@
+"""The gateway's health, published to the cloud broker: the fleet seen from the cloud.
+
+A retained QoS 1 message on ``{prefix}/{gateway}/status`` (docs/wire-format.md),
+on a connection of its own to the uplink's broker (the same URL, TLS and
+credentials; client id ``{gateway}-status``, clean session), made with aiomqtt.
+Its Will is a retained offline message on the same topic, so the broker marks
+the gateway offline when the connection is lost without a DISCONNECT (a power
+cut, a kill, a cut cable: after 1.5 keepalives). A clean stop publishes an
+offline message itself, then disconnects.
+
+Why not through the uplink (docs/architecture.md): status is latest-value-wins,
+so it must not wait behind a backlog in the durable QoS 2 outbox, and it must
+cost no fsync on the gateway's flash. Nothing here is written to disk; a status
+lost in a cut is replaced by the next one.
+
+What it says is ``Gateway.snapshot()`` (the same figures as ``pubcomp status``,
+``/status.json`` and ``/metrics``) and ``status.verdict()`` (the same headline
+and exit code), projected onto the wire format; nothing is computed twice.
+
+When: at each connection; when something an operator acts on changes (the
+uplink's state, old readings waiting or not and, while they wait, the backlog;
+the clock; health; the store near its quota; a sensor's state, faults or
+restarts; a node connecting or leaving), at most every ``min_interval_s``; and
+at least every ``heartbeat_s``, so the cloud's per-minute history has points.
+The change check runs at the gateway's backlog sample (every 2 s), on the
+store figures that sample already read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiomqtt
+
+from pubcomp import __version__
+from pubcomp.sync.client import Backoff, BrokerURL, TLSOptions
+
+from .clock import iso
+from .config import GatewayConfig
+from .status import verdict
+
+log = logging.getLogger(__name__)
+
+STATUS_V = 1
+OLD_S = 60.0  # readings waiting this long count as "held", and the backlog is then watched
+QUOTA_WARN = 0.9  # the store past this share of its quota is a change worth sending
+PUBLISH_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 3.0
+
+Snapshot = Callable[[dict[str, Any] | None], Awaitable[dict[str, Any]]]
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else iso(t)
+
+
+def status_message(
+    snap: dict[str, Any], *, msg_id: str, reason: str, started: float
+) -> dict[str, Any]:
+    """A snapshot as a status message (``gateway-status.v1.json``)."""
+    level, headline, code = verdict(snap)
+    up, st, clk = snap["uplink"], snap["store"], snap["clock"]
+    flash = snap.get("flash") or {}
+    nodes = {
+        nid: {
+            "connected": bool(n["connected"]),
+            "last_seen": _iso(n["last_seen"]),
+            "messages": n["messages"],
+            "rejected": sum(n["rejected"].values()),
+        }
+        for nid, n in sorted(snap["nodes"].items())
+    }
+    sensors = {
+        sid: {
+            "type": s["type"],
+            "state": s["state"],
+            "readings": s["readings"],
+            "faults": s["faults"],
+            "fault_kinds": s["fault_kinds"],
+            "restarts": s["restarts"],
+            "last_error": s["last_error"],
+            "last": s["last"],
+        }
+        for sid, s in sorted(snap["sensors"].items())
+    }
+    return {
+        "v": STATUS_V,
+        "gateway": snap["gateway"],
+        "fleet": snap["fleet"],
+        "id": msg_id,
+        "online": True,
+        "reason": reason,
+        "ts": iso(snap["time"]),
+        "version": __version__,
+        "started": iso(started),
+        "uptime_s": snap["uptime_s"],
+        "verdict": {"level": level, "headline": headline, "exit": code},
+        "problems": list(snap["health_problems"]),
+        "uplink": {
+            "state": up["state"],
+            "broker": up["broker"],
+            "qos": up["qos"],
+            "connected_since": _iso(up.get("connected_since")),
+            "down_since": _iso(up.get("down_since")),
+            "backlog": up["backlog"],
+            "inflight_messages": up["inflight_messages"],
+            "oldest_age_s": up["oldest_age_s"],
+            "drain_rate": up["drain_rate"],
+            "eta_s": up["eta_s"],
+            "delivered": up["delivered"],
+            "last_error": up.get("last_error_text") or up.get("last_error"),
+            "last_error_at": _iso(up.get("last_error_at")),
+        },
+        "store": {
+            "bytes": st["store_bytes"],
+            "quota_bytes": st["quota_bytes"],
+            "disk_free_bytes": st["disk_free_bytes"],
+        },
+        "flash": {
+            "bytes_per_day": flash.get("bytes_per_day"),
+            "life_years": flash.get("life_years"),
+        },
+        "clock": {
+            "source": clk["source"],
+            "synced": bool(clk["synced"]),
+            "corrections": clk["corrections"],
+        },
+        "sensors": sensors,
+        "nodes": nodes,
+    }
+
+
+def offline_message(
+    gateway: str, fleet: str, *, msg_id: str, reason: str, started: float, at: float
+) -> dict[str, Any]:
+    """The Will (``reason: will``, ``ts`` the time its connection was made) or a clean stop."""
+    return {
+        "v": STATUS_V,
+        "gateway": gateway,
+        "fleet": fleet,
+        "id": msg_id,
+        "online": False,
+        "reason": reason,
+        "ts": iso(at),
+        "version": __version__,
+        "started": iso(started),
+    }
+
+
+def change_key(snap: dict[str, Any]) -> tuple[Any, ...]:
+    """What an operator acts on: a status goes out when this differs from the last one sent."""
+    up, st, clk = snap["uplink"], snap["store"], snap["clock"]
+    old = (up["oldest_age_s"] or 0) >= OLD_S
+    quota = st["quota_bytes"]
+    return (
+        up["state"],
+        old,
+        up["backlog"] if old or up["state"] != "connected" else None,
+        clk["source"],
+        snap["healthy"],
+        bool(quota and st["store_bytes"] >= QUOTA_WARN * quota),
+        tuple(
+            (sid, s["state"], s["faults"], s["restarts"])
+            for sid, s in sorted(snap["sensors"].items())
+        ),
+        tuple((nid, n["connected"]) for nid, n in sorted(snap["nodes"].items())),
+    )
+
+
+def _dumps(msg: dict[str, Any]) -> bytes:
+    return json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class StatusPublisher:
+    """Publishes the gateway's status; ``run()`` is one of the gateway's tasks."""
+
+    def __init__(self, cfg: GatewayConfig, snapshot: Snapshot, *, started: float) -> None:
+        self.cfg = cfg
+        self.snapshot = snapshot
+        self.started = started
+        self.topic = cfg.status_topic()
+        self.url = BrokerURL.parse(cfg.uplink.broker)
+        self.run_id = secrets.token_hex(6)  # this process's messages: {run}/{n}
+        self.published = 0
+        self.connected = False
+        self.last_error: str | None = None
+        self._n = 0
+        self._connections = 0
+        self._stats: dict[str, Any] | None = None
+        self._wake = asyncio.Event()
+        self._last_key: tuple[Any, ...] | None = None
+        self._last_at = 0.0  # monotonic
+
+    def sampled(self, stats: dict[str, Any]) -> None:
+        """The gateway's backlog sample: fresh store figures, so look for a change."""
+        self._stats = stats
+        self._wake.set()
+
+    def _next_id(self) -> str:
+        self._n += 1
+        return f"{self.run_id}/{self._n}"
+
+    def _client(self) -> aiomqtt.Client:
+        up = self.cfg.uplink
+        self._connections += 1  # each connection's Will has an id of its own
+        will = offline_message(
+            self.cfg.id,
+            self.cfg.fleet,
+            msg_id=f"{self.run_id}/will-{self._connections}",
+            reason="will",
+            started=self.started,
+            at=time.time(),
+        )
+        v5 = up.protocol == "5"
+        tls = TLSOptions(up.ca_file, up.cert_file, up.key_file)
+        return aiomqtt.Client(
+            self.url.host,
+            self.url.port,
+            identifier=f"{self.cfg.id}-status",
+            username=up.username,
+            password=up.password.get_secret_value() if up.password else None,
+            protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
+            clean_session=None if v5 else True,  # 5.0: clean start, no session expiry
+            keepalive=up.keepalive or 30,
+            will=aiomqtt.Will(self.topic, _dumps(will), qos=1, retain=True),
+            tls_context=tls.context() if self.url.tls else None,
+            timeout=PUBLISH_TIMEOUT_S,
+        )
+
+    async def run(self) -> None:
+        backoff = Backoff(base=0.5, cap=60.0)
+        while True:
+            try:
+                async with self._client() as client:
+                    self.connected = True
+                    backoff.reset()
+                    if self.last_error:
+                        log.info("status link to %s is back", self.url)
+                    self.last_error = None
+                    try:
+                        await self._publish(client, await self.snapshot(self._stats), "connected")
+                        await self._loop(client)
+                    except asyncio.CancelledError:
+                        await self._stopped(client)
+                        raise
+            except aiomqtt.MqttError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # a failed DISCONNECT while stopping
+                    raise asyncio.CancelledError from exc
+                if self.last_error is None:
+                    log.warning("status link to %s: %s (retrying)", self.url, exc)
+                self.last_error = str(exc)
+            finally:
+                self.connected = False
+            await asyncio.sleep(backoff.next_delay())
+
+    async def _loop(self, client: aiomqtt.Client) -> None:
+        st = self.cfg.status
+        # A lost connection is noticed at once (and the status sent again on the next
+        # one), not at the next publish: a restarted broker may have lost the retained one.
+        lost = asyncio.ensure_future(_until_lost(client))
+        try:
+            while True:
+                idle = st.heartbeat_s - (time.monotonic() - self._last_at)
+                wake = asyncio.ensure_future(self._wake.wait())
+                done, _ = await asyncio.wait(
+                    {wake, lost}, timeout=max(idle, 0.0), return_when=asyncio.FIRST_COMPLETED
+                )
+                wake.cancel()
+                if lost in done:
+                    lost.result()
+                self._wake.clear()
+                snap = await self.snapshot(self._stats)
+                since = time.monotonic() - self._last_at
+                if since >= st.heartbeat_s:
+                    await self._publish(client, snap, "heartbeat")
+                elif change_key(snap) != self._last_key:
+                    if since < st.min_interval_s:
+                        await asyncio.sleep(st.min_interval_s - since)
+                        snap = await self.snapshot(self._stats)
+                    await self._publish(client, snap, "changed")
+        finally:
+            lost.cancel()
+
+    async def _publish(self, client: aiomqtt.Client, snap: dict[str, Any], reason: str) -> None:
+        msg = status_message(snap, msg_id=self._next_id(), reason=reason, started=self.started)
+        await client.publish(self.topic, _dumps(msg), qos=1, retain=True)
+        self._last_key, self._last_at = change_key(snap), time.monotonic()
+        self.published += 1
+        log.debug("status %s: %s", reason, msg["verdict"]["headline"])
+
+    async def _stopped(self, client: aiomqtt.Client) -> None:
+        """A clean stop says so (then the DISCONNECT keeps the Will from being sent)."""
+        msg = offline_message(
+            self.cfg.id,
+            self.cfg.fleet,
+            msg_id=self._next_id(),
+            reason="stopped",
+            started=self.started,
+            at=time.time(),
+        )
+        try:
+            await asyncio.wait_for(
+                client.publish(self.topic, _dumps(msg), qos=1, retain=True), STOP_TIMEOUT_S
+            )
+        except (aiomqtt.MqttError, TimeoutError) as exc:
+            log.warning("status: the offline message was not sent (%s); the Will says it", exc)
+
+
+async def _until_lost(client: aiomqtt.Client) -> None:
+    """Returns only by raising: nothing is subscribed, so the iterator ends when the link does."""
+    async for _ in client.messages:
+        pass
+    raise aiomqtt.MqttError("status connection closed")

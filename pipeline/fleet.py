@@ -1,0 +1,329 @@
+"""The fleet seen from the cloud: gateways from their status messages, worst first.
+
+One place for the judgement, so ``pubcomp fleet watch`` (the retained status
+messages, live), ``pubcomp fleet status`` (the warehouse's ``gateway_health``)
+and the report's fleet page agree. Pure Python: the watch runs without Spark.
+
+Worst first: offline (or silent) gateways, then the age of the oldest reading
+waiting on a gateway (held: its uplink is not delivering, or the reading waited
+over a minute; a reading in passing does not count), then an
+unsynchronised clock, then the least room for the store (disk free, or what is
+left of its quota).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+# `pubcomp fleet status` / `fleet watch --once` exit codes (docs/operations.md), in the
+# spirit of `pubcomp status`: 0 all delivering, 2 a bad command or a source that cannot
+# be read; else the code of the worst problem in the fleet, in the order of SEVERITY.
+EXIT_OK = 0
+EXIT_UNHEALTHY = 1  # a gateway runs, but a task died or its store does not answer
+EXIT_USAGE = 2
+EXIT_OFFLINE = 3  # a gateway is offline (its Will, a clean stop) or silent for too long
+EXIT_NOT_DELIVERING = 4  # a gateway's uplink is down or stalled: readings wait on it
+EXIT_CLOCK = 5  # a gateway's clock is not synchronised: its readings are flagged
+EXIT_DISK = 6  # a gateway's store is near its quota, or its disk nearly full
+SEVERITY = (EXIT_OFFLINE, EXIT_NOT_DELIVERING, EXIT_UNHEALTHY, EXIT_CLOCK, EXIT_DISK)
+
+HELD_S = 60.0  # a reading waiting this long is held (not just in passing)
+STALE_S = 1800.0  # an online gateway with no status for this long is silent
+ROOM_LOW_BYTES = 100e6  # disk free, or quota left, under this: the store may soon refuse
+QUOTA_HIGH = 0.9  # or the store past this share of its quota
+
+STATES = {
+    EXIT_OK: "ok",
+    EXIT_UNHEALTHY: "UNHEALTHY",
+    EXIT_OFFLINE: "OFFLINE",
+    EXIT_NOT_DELIVERING: "NOT DELIVERING",
+    EXIT_CLOCK: "CLOCK",
+    EXIT_DISK: "DISK",
+}
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class GatewayView:
+    """What the cloud knows of one gateway: its newest status, and facts from its last
+    online one when the newest is an offline message (a Will carries no figures)."""
+
+    gateway: str
+    fleet: str | None = None
+    online: bool = False
+    reason: str = ""
+    ts: float | None = None  # the newest message's time, by the gateway's clock
+    seen: float | None = None  # when the cloud received it (None: unknown, e.g. retained)
+    version: str | None = None
+    started: float | None = None
+    uptime_s: float | None = None
+    level: str | None = None
+    headline: str | None = None
+    facts_ts: float | None = None  # the time of the status the figures below come from
+    uplink_state: str | None = None
+    backlog: int | None = None
+    inflight: int | None = None
+    oldest_age_s: float | None = None
+    drain_rate: float | None = None
+    eta_s: float | None = None
+    delivered: int | None = None
+    clock_source: str | None = None
+    clock_synced: bool | None = None
+    store_bytes: int | None = None
+    quota_bytes: int | None = None
+    disk_free_bytes: int | None = None
+    flash_bytes_per_day: float | None = None
+    problems: list[str] = field(default_factory=list)
+    sensors: dict[str, Any] = field(default_factory=dict)
+    nodes: dict[str, Any] = field(default_factory=dict)
+    history: list[tuple[float, int]] = field(default_factory=list)  # (minute, backlog max)
+
+    @property
+    def when(self) -> float | None:
+        return self.seen if self.seen is not None else self.ts
+
+    @property
+    def sensor_faults(self) -> int:
+        return sum(int(s.get("faults") or 0) for s in self.sensors.values())
+
+    @property
+    def nodes_connected(self) -> int:
+        return sum(bool(n.get("connected")) for n in self.nodes.values())
+
+    def room(self) -> float | None:
+        """Bytes the store can still grow by: disk free, or what is left of its quota."""
+        cands = []
+        if self.disk_free_bytes is not None:
+            cands.append(float(self.disk_free_bytes))
+        if self.quota_bytes and self.store_bytes is not None:
+            cands.append(float(self.quota_bytes - self.store_bytes))
+        return min(cands) if cands else None
+
+    def oldest_now(self, now: float) -> float | None:
+        """The oldest waiting reading's age now: it goes on ageing while nothing is delivered."""
+        if self.oldest_age_s is None:
+            return None
+        base = self.facts_ts if self.facts_ts is not None else now
+        delivering = self.online and self.uplink_state == "connected"
+        return self.oldest_age_s + (0.0 if delivering else max(0.0, now - base))
+
+
+def view(
+    msg: dict[str, Any], seen: float | None = None, last_online: dict[str, Any] | None = None
+) -> GatewayView:
+    """A gateway from its newest status message (and its last online one, if that is older)."""
+    v = GatewayView(
+        gateway=str(msg["gateway"]),
+        fleet=msg.get("fleet"),
+        online=bool(msg.get("online")),
+        reason=str(msg.get("reason") or ""),
+        ts=parse_time(msg.get("ts")),
+        seen=seen,
+        version=msg.get("version"),
+        started=parse_time(msg.get("started")),
+    )
+    facts = msg if msg.get("online") else last_online
+    if facts is None:
+        return v
+    up = facts.get("uplink") or {}
+    st = facts.get("store") or {}
+    clk = facts.get("clock") or {}
+    verdict = facts.get("verdict") or {}
+    # The figures' time by the cloud's clock when known (a gateway's clock may be wrong).
+    v.facts_ts = seen if facts is msg and seen is not None else parse_time(facts.get("ts"))
+    v.uptime_s = facts.get("uptime_s")
+    v.level, v.headline = verdict.get("level"), verdict.get("headline")
+    v.uplink_state = up.get("state")
+    v.backlog, v.inflight = up.get("backlog"), up.get("inflight_messages")
+    v.oldest_age_s, v.drain_rate, v.eta_s = (
+        up.get("oldest_age_s"),
+        up.get("drain_rate"),
+        up.get("eta_s"),
+    )
+    v.delivered = up.get("delivered")
+    v.clock_source, v.clock_synced = clk.get("source"), clk.get("synced")
+    v.store_bytes, v.quota_bytes = st.get("bytes"), st.get("quota_bytes")
+    v.disk_free_bytes = st.get("disk_free_bytes")
+    v.flash_bytes_per_day = (facts.get("flash") or {}).get("bytes_per_day")
+    v.problems = list(facts.get("problems") or [])
+    v.sensors = dict(facts.get("sensors") or {})
+    v.nodes = dict(facts.get("nodes") or {})
+    return v
+
+
+@dataclass
+class Judgement:
+    code: int
+    why: str
+
+    @property
+    def state(self) -> str:
+        return STATES[self.code]
+
+
+def judge(v: GatewayView, now: float, stale_s: float = STALE_S) -> Judgement:
+    """The gateway's worst problem, as an exit code and a short sentence."""
+    if not v.online:
+        if v.reason == "stopped":
+            return Judgement(EXIT_OFFLINE, f"stopped cleanly at {_clock(v.ts)}")
+        since = f" (seen {_clock(v.seen)})" if v.seen is not None else ""
+        return Judgement(EXIT_OFFLINE, f"connection lost, the broker sent its Will{since}")
+    if v.when is not None and now - v.when > stale_s:
+        return Judgement(EXIT_OFFLINE, f"silent: no status for {duration(now - v.when)}")
+    if v.level == "unhealthy":
+        return Judgement(EXIT_UNHEALTHY, "; ".join(v.problems) or (v.headline or "unhealthy"))
+    if v.level == "down":
+        return Judgement(EXIT_NOT_DELIVERING, v.headline or f"uplink {v.uplink_state}")
+    if v.clock_synced is False:
+        return Judgement(EXIT_CLOCK, "clock not synchronised: readings flagged clock_unsynced")
+    room = v.room()
+    full = bool(v.quota_bytes and (v.store_bytes or 0) >= QUOTA_HIGH * v.quota_bytes)
+    if full or (room is not None and room < ROOM_LOW_BYTES):
+        return Judgement(EXIT_DISK, f"store has {mb(room)} of room left")
+    return Judgement(EXIT_OK, v.headline or "delivering")
+
+
+def rank_key(v: GatewayView, now: float) -> tuple[Any, ...]:
+    age = v.oldest_now(now) or 0.0
+    delivering = v.online and v.uplink_state == "connected" and v.level != "down"
+    held = age if age >= HELD_S or not delivering else 0.0
+    room = v.room()
+    return (
+        v.online,
+        -held,
+        v.clock_synced is not False,
+        math.inf if room is None else room,
+        v.gateway,
+    )
+
+
+def rank(views: list[GatewayView], now: float) -> list[GatewayView]:
+    """Worst first: offline, oldest unsent reading, clock, disk (then by name)."""
+    return sorted(views, key=lambda v: rank_key(v, now))
+
+
+def fleet_code(judged: list[Judgement]) -> int:
+    codes = {j.code for j in judged}
+    return next((c for c in SEVERITY if c in codes), EXIT_OK)
+
+
+# ------------------------------------------------------------------ text
+
+
+def duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = max(0.0, s)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    if s < 172800:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def mb(n: float | None) -> str:
+    if n is None:
+        return "-"
+    if n >= 10e9:
+        return f"{n / 1e9:,.1f} GB"
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _clock(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+HEADER = [
+    "gateway",
+    "state",
+    "uplink",
+    "backlog",
+    "oldest",
+    "drain/s",
+    "clock",
+    "store",
+    "disk free",
+    "faults",
+    "nodes",
+    "version",
+    "last status",
+]
+
+
+def row(v: GatewayView, j: Judgement, now: float) -> list[str]:
+    store = mb(v.store_bytes) + (f" of {mb(v.quota_bytes)}" if v.quota_bytes else "")
+    age = v.oldest_now(now)
+    return [
+        v.gateway,
+        j.state,
+        (v.uplink_state or "-") if v.online else f"({v.uplink_state or '-'})",
+        "-" if v.backlog is None else f"{v.backlog:,}",
+        duration(age) if age is not None else "-",
+        "-" if v.drain_rate is None else f"{v.drain_rate:,.1f}",
+        "-"
+        if v.clock_source is None
+        else ("synced" if v.clock_synced else "UNSYNCED") + f" ({v.clock_source})",
+        store if v.store_bytes is not None else "-",
+        mb(v.disk_free_bytes),
+        str(v.sensor_faults) if v.sensors else "-",
+        f"{v.nodes_connected}/{len(v.nodes)}" if v.nodes else "-",
+        v.version or "-",
+        f"{duration(now - v.when)} ago" if v.when is not None else "-",
+    ]
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    )
+
+
+def headline(views: list[GatewayView], judged: list[Judgement]) -> str:
+    if not views:
+        return "no gateway has sent a status"
+    n = len(views)
+    bad = [j for j in judged if j.code != EXIT_OK]
+    if not bad:
+        return f"OK: all {n} gateways online and delivering, clocks synchronised"
+    counts: dict[str, int] = {}
+    for j in bad:
+        counts[j.state] = counts.get(j.state, 0) + 1
+    order = [STATES[c] for c in SEVERITY]
+    parts = [f"{counts[s]} {s}" for s in order if s in counts]
+    return f"{len(bad)} of {n} gateways need attention: " + ", ".join(parts)
+
+
+def render(views: list[GatewayView], now: float | None = None, stale_s: float = STALE_S) -> str:
+    """The fleet as ``fleet status`` and ``fleet watch`` print it: headline, table, reasons."""
+    now = time.time() if now is None else now
+    ranked = rank(views, now)
+    judged = [judge(v, now, stale_s) for v in ranked]
+    out = [headline(ranked, judged)]
+    if ranked:
+        out += ["", table(HEADER, [row(v, j, now) for v, j in zip(ranked, judged, strict=True)])]
+        why = [f"  {v.gateway}: {j.why}" for v, j in zip(ranked, judged, strict=True) if j.code]
+        if why:
+            out += ["", *why]
+    return "\n".join(out)
+
+
+def code(views: list[GatewayView], now: float | None = None, stale_s: float = STALE_S) -> int:
+    now = time.time() if now is None else now
+    if not views:
+        return EXIT_OFFLINE
+    return fleet_code([judge(v, now, stale_s) for v in views])

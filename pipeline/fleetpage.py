@@ -1,0 +1,175 @@
+"""The report's fleet page: every gateway worst first, each with a small backlog chart.
+
+Written by ``pubcomp pipeline report`` beside the report (``{report}-fleet.html``),
+from ``gateway_health`` and ``gateway_health_1m``; the same rows and order as
+``pubcomp fleet status`` (pipeline/fleet.py). Self-contained: inline SVG, no
+scripts, no files.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from . import fleet
+from .fleet import GatewayView
+
+CHART_W, CHART_H = 180, 36
+HISTORY_H = 24.0
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.4em}
+.verdict{font-size:1.1em;font-weight:bold;padding:.5em .8em;border-radius:4px}
+.verdict.ok{background:#e3f4e3;border-left:6px solid #2a8a2a}
+.verdict.bad{background:#fff0d6;border-left:6px solid #d98200}
+table{border-collapse:collapse;font-size:.85em;margin:1em 0}
+th,td{border:1px solid #ccc;padding:.2em .5em;text-align:left;vertical-align:middle}
+th{background:#f0f0f0}
+tr.s3 td{background:#fde2e2}tr.s4 td,tr.s1 td{background:#fff0d6}
+tr.s5 td,tr.s6 td{background:#fff8e0}
+td.why{max-width:28em}
+svg.spark{display:block}.spark .line{fill:none;stroke:#1f77b4;stroke-width:1.5}
+.spark .area{fill:#1f77b4;fill-opacity:.15}.spark .base{stroke:#bbb}
+details{margin:.4em 0}.note{color:#555;font-size:.9em}
+"""
+
+
+def spark_svg(history: list[tuple[float, int]], gateway: str) -> str:
+    """Backlog per minute (its highest) as a small inline chart."""
+    if not history:
+        return '<span class="note">no history</span>'
+    t0, t1 = history[0][0], history[-1][0]
+    span = max(t1 - t0, 60.0)
+    peak = max(b for _, b in history)
+    top = max(peak, 1)
+    pts = [
+        (2 + (t - t0) / span * (CHART_W - 4), CHART_H - 2 - b / top * (CHART_H - 12))
+        for t, b in history
+    ]
+    if len(pts) == 1:
+        pts.append((CHART_W - 2, pts[0][1]))
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+    area = f"{pts[0][0]:.1f},{CHART_H - 2} {line} {pts[-1][0]:.1f},{CHART_H - 2}"
+    label = f"{gateway}: backlog per minute, {_hm(t0)} to {_hm(t1)} UTC, peak {peak:,} readings"
+    return (
+        f'<svg class="spark" width="{CHART_W}" height="{CHART_H}" role="img" '
+        f'aria-label="{html.escape(label)}" data-peak="{peak}" data-points="{len(history)}">'
+        f"<title>{html.escape(label)}</title>"
+        f'<line class="base" x1="0" x2="{CHART_W}" y1="{CHART_H - 2}" y2="{CHART_H - 2}"/>'
+        f'<polygon class="area" points="{area}"/><polyline class="line" points="{line}"/>'
+        f'<text x="{CHART_W - 2}" y="9" text-anchor="end" font-size="9">peak {peak:,}</text>'
+        "</svg>"
+    )
+
+
+def _hm(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%H:%M")
+
+
+def _details(v: GatewayView) -> str:
+    parts = []
+    if v.sensors:
+        rows = []
+        for sid, s in sorted(v.sensors.items()):
+            last = ", ".join(
+                f"{ch.removeprefix(sid + '.')}={r.get('value')}"
+                + (f" {r['unit']}" if r.get("unit") else "")
+                for ch, r in sorted((s.get("last") or {}).items())
+            )
+            rows.append(
+                [
+                    sid,
+                    str(s.get("state")),
+                    last or "-",
+                    str(s.get("faults")),
+                    str(s.get("restarts")),
+                ]
+            )
+        parts.append(_table(["sensor", "state", "last reading", "faults", "restarts"], rows))
+    if v.nodes:
+        rows = [
+            [nid, "yes" if n.get("connected") else "no", str(n.get("last_seen") or "never")]
+            for nid, n in sorted(v.nodes.items())
+        ]
+        parts.append(_table(["node", "connected", "last seen (UTC)"], rows))
+    if not parts:
+        return ""
+    return (
+        f'<details id="detail-{html.escape(v.gateway)}"><summary>{html.escape(v.gateway)}: '
+        f"sensors and nodes</summary>{''.join(parts)}</details>"
+    )
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render(views: list[GatewayView], warehouse: str, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    ranked = fleet.rank(views, now)
+    judged = [fleet.judge(v, now) for v in ranked]
+    head = fleet.headline(ranked, judged)
+    level = "ok" if all(j.code == fleet.EXIT_OK for j in judged) and ranked else "bad"
+    drawn = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    out = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>pubcomp fleet: gateways</title><style>{CSS}</style></head><body>",
+        "<h1>pubcomp fleet: gateways</h1>",
+        f'<p id="verdict" class="verdict {level}">{html.escape(head)}</p>',
+        f'<p class="note">From <code>{html.escape(warehouse)}</code> (gateway_health), drawn '
+        f"{drawn} UTC. Worst first: offline, oldest unsent reading, clock, disk. The chart is "
+        f"each gateway's highest backlog per minute over the last {HISTORY_H:g} hours it "
+        "reported. For an offline gateway the figures are those of its last status, the "
+        "uplink state in parentheses.</p>",
+    ]
+    if not ranked:
+        out.append(
+            "<p>No gateway status yet: gateways publish it, <code>pubcomp ingest run</code> "
+            "lands it, <code>pubcomp pipeline run</code> puts it here.</p>"
+        )
+        return "".join([*out, "</body></html>"])
+    header = [*fleet.HEADER, "why", "backlog"]
+    body = []
+    for v, j in zip(ranked, judged, strict=True):
+        cells = "".join(f"<td>{html.escape(c)}</td>" for c in fleet.row(v, j, now))
+        why = html.escape(j.why) if j.code else ""
+        body.append(
+            f'<tr class="s{j.code}" data-gateway="{html.escape(v.gateway)}">{cells}'
+            f'<td class="why">{why}</td><td>{spark_svg(v.history, v.gateway)}</td></tr>'
+        )
+    out.append(
+        '<div style="overflow-x:auto"><table id="gateways"><tr>'
+        + "".join(f"<th>{html.escape(h)}</th>" for h in header)
+        + "</tr>"
+        + "".join(body)
+        + "</table></div>"
+    )
+    out += [_details(v) for v in ranked]
+    return "".join([*out, "</body></html>"])
+
+
+def page_path(report: Path) -> Path:
+    return report.with_name(f"{report.stem}-fleet{report.suffix or '.html'}")
+
+
+def write(spark: SparkSession, warehouse: str, out: Path) -> str:
+    """Write the page; returns its headline (for the report's link to it)."""
+    from .health import views
+
+    found = views(spark, warehouse, history_hours=HISTORY_H)
+    now = time.time()
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(render(found, warehouse, now))
+    tmp.replace(out)
+    ranked = fleet.rank(found, now)
+    return fleet.headline(ranked, [fleet.judge(v, now) for v in ranked])
