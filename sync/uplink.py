@@ -112,14 +112,21 @@ class UplinkStatus:
         default_factory=lambda: collections.deque(maxlen=600)
     )
     _connected_mono: float | None = None
+    _first_delivery_mono: float | None = None  # the first since connecting
 
     def record_delivery(self, n: int) -> None:
         self.delivered += n
         self.last_delivery_at = time.time()
-        self._rate_window.append((time.monotonic(), self.delivered))
+        now = time.monotonic()
+        if self._connected_mono is not None and self._first_delivery_mono is None:
+            # The window starts here (after this batch): the handshake and the
+            # session's resends are not part of a drain's pace.
+            self._first_delivery_mono = now
+        self._rate_window.append((now, self.delivered))
 
     def record_connected(self) -> None:
         self._connected_mono = time.monotonic()
+        self._first_delivery_mono = None
         self._rate_window.append((self._connected_mono, self.delivered))
 
     def record_down(self) -> None:
@@ -132,12 +139,12 @@ class UplinkStatus:
         """Readings per second delivered over the last ``horizon`` seconds of this connection.
 
         Deliveries from before an outage do not count: while the uplink is down the
-        rate is 0, and after it connects again the window starts at the connection.
+        rate is 0, and after it connects again the window starts at the first delivery.
         """
-        if self._connected_mono is None:
+        if self._connected_mono is None or self._first_delivery_mono is None:
             return 0.0
         now = time.monotonic()
-        start = max(now - horizon, self._connected_mono)
+        start = max(now - horizon, self._first_delivery_mono)
         if now - start < 1.0:
             return 0.0  # too soon after connecting to say
         base = next((d for t, d in reversed(self._rate_window) if t <= start), None)
