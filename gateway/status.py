@@ -10,6 +10,8 @@ import time
 import urllib.request
 from typing import Any
 
+from pubcomp.sync.units import duration, megabytes
+
 # ``pubcomp status`` exit codes (docs/operations.md, "Reading status").
 EXIT_OK = 0  # running, healthy, delivering
 EXIT_UNHEALTHY = 1  # running, but a task died, the store does not answer or cannot be written
@@ -22,29 +24,7 @@ STALL_S = 60.0  # connected with messages in flight, and nothing delivered for t
 def _age(t: float | None, now: float) -> str:
     if t is None:
         return "never"
-    return f"{_duration(now - t)} ago"
-
-
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = max(0.0, s)
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    if s < 172800:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
-
-
-def _mb(n: float | None) -> str:
-    """Bytes as MB, or GB from 10 GB on (80,498.2 MB reads better as 80.5 GB)."""
-    if n is None:
-        return "-"
-    if n >= 10e9:
-        return f"{n / 1e9:,.1f} GB"
-    return f"{n / 1e6:,.1f} MB"
+    return f"{duration(now - t)} ago"
 
 
 def hms(t: float | None) -> str:
@@ -87,15 +67,15 @@ def verdict(snap: dict[str, Any]) -> tuple[str, str, int]:
     if up["state"] != "connected":
         since = up.get("down_since") or now
         if up.get("last_error_at") is None and up["state"] in ("starting", "connecting"):
-            head = f"uplink connecting (since {hms(since)}, {_duration(now - since)})"
+            head = f"uplink connecting (since {hms(since)}, {duration(now - since)})"
         else:
-            head = f"uplink DOWN since {hms(since)} ({_duration(now - since)})"
+            head = f"uplink DOWN since {hms(since)} ({duration(now - since)})"
         return "down", f"{head}, {held}", EXIT_NOT_DELIVERING
     last = max(up.get("last_delivery_at") or 0, up.get("connected_since") or 0)
     if up["inflight_messages"] and now - last > STALL_S:
         return (
             "down",
-            f"uplink STALLED: connected, but nothing delivered for {_duration(now - last)}, {held}",
+            f"uplink STALLED: connected, but nothing delivered for {duration(now - last)}, {held}",
             EXIT_NOT_DELIVERING,
         )
     head = f"OK, delivering: uplink connected since {hms(up.get('connected_since'))}"
@@ -103,12 +83,12 @@ def verdict(snap: dict[str, Any]) -> tuple[str, str, int]:
     if outage and now - outage["to"] < 3600:
         head = (
             f"OK, delivering again: uplink back since {hms(outage['to'])} "
-            f"after {_duration(outage['to'] - outage['from'])} down"
+            f"after {duration(outage['to'] - outage['from'])} down"
         )
     if catch:
         eta = up.get("eta_s")
         head += f", sending the {catch['backlog']:,} readings held" + (
-            f" (ETA {_duration(eta)})" if eta is not None else ""
+            f" (ETA {duration(eta)})" if eta is not None else ""
         )
     elif drain and now - drain["at"] < 3600:
         head += (
@@ -123,7 +103,7 @@ def last_error(up: dict[str, Any], now: float) -> str:
     text, at = up.get("last_error_text"), up.get("last_error_at")
     if not text or at is None:
         return up.get("last_error") or "-"
-    when = f"{hms(at)} ({_duration(now - at)} ago)"
+    when = f"{hms(at)} ({duration(now - at)} ago)"
     back = up.get("connected_since")
     if up["state"] == "connected" and back is not None and back >= at:
         return f"past: {when}, resolved {hms(back)}: {text}"
@@ -143,20 +123,20 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
     else:
         since = f"DOWN since {hms(up.get('down_since'))}"
     return [
-        ("gateway", f"{snap['gateway']} (fleet {snap['fleet']}), up {_duration(snap['uptime_s'])}"),
+        ("gateway", f"{snap['gateway']} (fleet {snap['fleet']}), up {duration(snap['uptime_s'])}"),
         ("health", "ok (tasks and store)" if snap["healthy"] else "UNHEALTHY"),
         ("uplink", f"{up['state']} {since}, to {up['broker']} (QoS {up['qos']})"),
         ("backlog", f"{up['backlog']:,} readings, {up['inflight_messages']} messages in flight"),
-        ("oldest", _duration(up["oldest_age_s"])),
+        ("oldest", duration(up["oldest_age_s"])),
         ("drain rate", f"{up['drain_rate']:,.1f} readings/s" if connected else "- (not connected)"),
-        ("ETA", _duration(eta) if eta is not None else "-"),
+        ("ETA", duration(eta) if eta is not None else "-"),
         ("delivered", f"{up['delivered']:,} readings since start"),
         ("clock", f"{clk['source']}" + ("" if clk["synced"] else " (readings flagged unsynced)")),
         (
             "store",
-            f"{_mb(st['store_bytes'])} used"
-            + (f" of {_mb(st['quota_bytes'])} quota" if st["quota_bytes"] else "")
-            + f", disk free {_mb(st['disk_free_bytes'])}",
+            f"{megabytes(st['store_bytes'])} used"
+            + (f" of {megabytes(st['quota_bytes'])} quota" if st["quota_bytes"] else "")
+            + f", disk free {megabytes(st['disk_free_bytes'])}",
         ),
         ("flash", _flash(snap.get("flash"))),
         ("last error", last_error(up, now)),
@@ -168,7 +148,7 @@ def _flash(f: dict[str, Any] | None) -> str:
         return "-"
     life = f["life_years"]
     text = (
-        f"{_mb(f['bytes_per_day'])} written a day, {f['fsyncs_per_s'] or 0:,.1f} fsyncs/s; "
+        f"{megabytes(f['bytes_per_day'])} written a day, {f['fsyncs_per_s'] or 0:,.1f} fsyncs/s; "
         f"card life {'-' if life is None else f'{life:,.0f} years'} "
         f"at {f['endurance_tbw']:g} TB endurance"
     )

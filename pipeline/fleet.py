@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pubcomp.sync.units import duration, megabytes
+
 # `pubcomp fleet status` / `fleet watch --once` exit codes (docs/operations.md), in the
 # spirit of `pubcomp status`: 0 all delivering, 2 a bad command or a source that cannot
 # be read; else the code of the worst problem in the fleet, in the order of SEVERITY.
@@ -188,7 +190,7 @@ def judge(v: GatewayView, now: float, stale_s: float = STALE_S) -> Judgement:
     room = v.room()
     full = bool(v.quota_bytes and (v.store_bytes or 0) >= QUOTA_HIGH * v.quota_bytes)
     if full or (room is not None and room < ROOM_LOW_BYTES):
-        return Judgement(EXIT_DISK, f"store has {mb(room)} of room left")
+        return Judgement(EXIT_DISK, f"store has {megabytes(room)} of room left")
     return Judgement(EXIT_OK, v.headline or "delivering")
 
 
@@ -219,27 +221,6 @@ def fleet_code(judged: list[Judgement]) -> int:
 # ------------------------------------------------------------------ text
 
 
-def duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = max(0.0, s)
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    if s < 172800:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
-
-
-def mb(n: float | None) -> str:
-    if n is None:
-        return "-"
-    if n >= 10e9:
-        return f"{n / 1e9:,.1f} GB"
-    return f"{n / 1e6:,.1f} MB"
-
-
 def _clock(t: float | None) -> str:
     if t is None:
         return "-"
@@ -264,7 +245,7 @@ HEADER = [
 
 
 def row(v: GatewayView, j: Judgement, now: float) -> list[str]:
-    store = mb(v.store_bytes) + (f" of {mb(v.quota_bytes)}" if v.quota_bytes else "")
+    store = megabytes(v.store_bytes) + (f" of {megabytes(v.quota_bytes)}" if v.quota_bytes else "")
     age = v.oldest_now(now)
     return [
         v.gateway,
@@ -277,7 +258,7 @@ def row(v: GatewayView, j: Judgement, now: float) -> list[str]:
         if v.clock_source is None
         else ("synced" if v.clock_synced else "UNSYNCED") + f" ({v.clock_source})",
         store if v.store_bytes is not None else "-",
-        mb(v.disk_free_bytes),
+        megabytes(v.disk_free_bytes),
         str(v.sensor_faults) if v.sensors else "-",
         f"{v.nodes_connected}/{len(v.nodes)}" if v.nodes else "-",
         v.version or "-",

@@ -24,7 +24,7 @@ import pytest
 
 from pubcomp.devbroker import Mosquitto, free_port
 from pubcomp.gateway.health import backlog_svg, fit_span
-from pubcomp.gateway.status import _mb
+from pubcomp.sync.units import megabytes
 
 from .gateway_helpers import GatewayProc
 
@@ -249,7 +249,7 @@ def test_young_gateway_chart_and_sizes() -> None:
     # A peak between two samples of a column survives the drawing.
     hist = [(now - 60 + i, 0) for i in range(60)] + [(now - 0.5, 296)]
     assert 'data-peak="296"' in backlog_svg(hist, now, 3600.0)
-    assert _mb(80_498_200_000) == "80.5 GB" and _mb(512_000_000) == "512.0 MB"
+    assert megabytes(80_498_200_000) == "80.5 GB" and megabytes(512_000_000) == "512.0 MB"
 
 
 def test_operator_errors_are_one_line(tmp_path: Path, mosquitto: Mosquitto) -> None:
