@@ -279,7 +279,7 @@ class Ingest:
             await conn.send(Subscribe(SUBSCRIBE_ID, [Subscription(self.topic, qos=2)]))
             backoff.reset()
             while not stop.is_set():
-                pkts = await self._recv(conn, stop)
+                pkts = await conn.recv_until(stop)
                 now = self._handle(link, key, session, pkts)
                 if now:
                     await conn.send(*now)
@@ -296,18 +296,6 @@ class Ingest:
         while link.held and not link.conn.closed:
             self._committed.clear()
             await self._committed.wait()
-
-    async def _recv(self, conn: Connection, stop: asyncio.Event) -> list[Any]:
-        recv = asyncio.ensure_future(conn.recv(1.0))
-        stopping = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({recv, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if recv in done:
-            return recv.result()
-        recv.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await recv
-        return []
 
     # --------------------------------------------------- one connection's packets
 

@@ -34,7 +34,6 @@ from pubcomp.sync import wire
 from pubcomp.sync.client import (
     Backoff,
     BrokerURL,
-    Connection,
     ConnectionClosed,
     ConnectOptions,
     ConnectRefused,
@@ -126,7 +125,7 @@ class StatusLanding:
             await conn.send(Subscribe(SUBSCRIBE_ID, [Subscription(self.topic, qos=1)]))
             backoff.reset()
             while not stop.is_set():
-                pkts = await _recv(conn, stop)
+                pkts = await conn.recv_until(stop)
                 acks = await asyncio.to_thread(self._land, pkts)
                 if acks:
                     await conn.send(*acks)
@@ -175,19 +174,6 @@ class StatusLanding:
             return b"", f"schema: {where}: {err.message}"
         msg["received"] = received
         return json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n", None
-
-
-async def _recv(conn: Connection, stop: asyncio.Event) -> list[Any]:
-    recv = asyncio.ensure_future(conn.recv(1.0))
-    stopping = asyncio.ensure_future(stop.wait())
-    done, _ = await asyncio.wait({recv, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if recv in done:
-        return recv.result()
-    recv.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await recv
-    return []
 
 
 def _rejection(pkt: Publish, why: str, received: str) -> bytes:

@@ -150,6 +150,19 @@ class Connection:
             raise ConnectionClosed(str(exc)) from exc
         self._last_sent = time.monotonic()
 
+    async def recv_until(self, stop: asyncio.Event, timeout: float = 1.0) -> list[Packet]:
+        """``recv(timeout)``, or [] as soon as ``stop`` is set (receivers that stop cleanly)."""
+        recv = asyncio.ensure_future(self.recv(timeout))
+        stopping = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({recv, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if recv in done:
+            return recv.result()
+        recv.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await recv
+        return []
+
     async def recv(self, timeout: float | None = None) -> list[Packet]:
         """Packets that arrived, at least one unless ``timeout`` passed (then [])."""
         if self._ready:
