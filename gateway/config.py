@@ -68,6 +68,10 @@ class UplinkSection(_Model):
     linger_ms: Annotated[float, Field(ge=0, le=60_000)] = 500
     # On `systemctl stop`: deliver what waits for up to this long (then it stays stored).
     drain_on_stop_s: Annotated[float, Field(ge=0, le=60)] = 5
+    # A message the broker refuses (PUBACK/PUBREC >= 0x80, not a permanent reason) is
+    # sent again under a new id after a back-off (0.5 s doubling to 30 s); after this
+    # many refusals it goes to the dead letters (counted, in status and metrics).
+    max_refusals: Annotated[int, Field(ge=1, le=1000)] = 10
     keepalive: Annotated[int, Field(ge=0, le=65535)] = 30
     username: str | None = None
     password: SecretStr | None = None

@@ -104,6 +104,7 @@ class Gateway:
                 up.max_bytes,
                 linger=up.linger_ms / 1000,
                 drain_on_stop=up.drain_on_stop_s,
+                max_refusals=up.max_refusals,
             ),
             commits=self.commits,
         )

@@ -88,6 +88,14 @@ class UplinkConfig:
     completion_delay: float = 2.0
     # On a graceful stop, deliver what waits for up to this long before disconnecting.
     drain_on_stop: float = 0.0
+    # A refused message is sent again after a back-off (REFUSAL_BACKOFF, doubling up to
+    # REFUSAL_BACKOFF_MAX while the broker goes on refusing); after this many refusals
+    # of the same message it goes to the dead letters, like a permanent refusal.
+    max_refusals: int = 10
+
+
+REFUSAL_BACKOFF = 0.5
+REFUSAL_BACKOFF_MAX = 30.0
 
 
 @dataclass
@@ -489,9 +497,9 @@ class Uplink:
         """Wait for packets; return early on a stop, or when new readings could fill a free slot."""
         idle = not link.session.inflight
         timeout = self.cfg.idle_poll if idle else None
-        lingering = link.linger_left()
-        if lingering is not None:
-            timeout = lingering if timeout is None else min(timeout, lingering)
+        for left in (link.linger_left(), link.hold_left()):
+            if left is not None:
+                timeout = left if timeout is None else min(timeout, left)
         recv = asyncio.ensure_future(conn.recv(timeout))
         others = {asyncio.ensure_future(stop.wait())}
         if link.session.send_quota() > 0:
@@ -532,12 +540,19 @@ class _Link:
         self.partial_since: float | None = None  # when a short batch began to linger
         self.lingering = up.cfg.linger > 0
         self.backed_up = False  # a full batch was waiting at the last fill
+        self.refusals: dict[int, int] = {}  # per message (ord): refusals so far
+        self.held_until = 0.0  # no new PUBLISH before this (monotonic): backing off
 
     def urgent(self) -> bool:
         """Commit the session's transitions at once (not lingering for company) while a
         backlog drains or the send window is full (then the fsync is what limits the
         rate), and when lingering is off (no linger set, or a stop is draining)."""
         return self.backed_up or not self.lingering or self.session.send_quota() == 0
+
+    def hold_left(self) -> float | None:
+        """Seconds the link still backs off after refusals, or None."""
+        left = self.held_until - time.monotonic()
+        return left if left > 0 else None
 
     def linger_left(self) -> float | None:
         """Seconds until a lingering short batch must go, or None if none lingers."""
@@ -566,6 +581,8 @@ class _Link:
 
     async def fill_window(self) -> None:
         """New PUBLISHes up to the send quota: re-queued messages first, then oldest readings."""
+        if self.hold_left() is not None:
+            return  # the broker refused lately: nothing new until the back-off ends
         quota = self.session.send_quota()
         fresh: list[tuple[Message, bytes]] = []
         while quota and self.queued:
@@ -682,20 +699,27 @@ class _Link:
                 completed.append(out.packet_id)
                 m = self.live.pop(out.packet_id, None)
                 if m is not None:  # delivered now, whenever its deletion is committed
+                    self.refusals.pop(m.ord, None)
                     status.record_delivery(self.store.count_between(m.first_seq, m.last_seq))
                     self.store.forget_later(m.first_seq, m.last_seq)
             elif isinstance(out, Refused):
-                permanent = out.reason in PERMANENT_REFUSALS
-                refused.append((out.packet_id, out.reason, permanent))
                 m = self.live.pop(out.packet_id, None)
+                times = 1 if m is None else self.refusals.get(m.ord, 0) + 1
+                permanent = out.reason in PERMANENT_REFUSALS or times >= self.up.cfg.max_refusals
+                refused.append((out.packet_id, out.reason, permanent))
                 if m is not None and not permanent:
+                    self.refusals[m.ord] = times
                     m.packet_id, m.state = None, QUEUED
                     self.queued.append(m)
+                elif m is not None:
+                    self.refusals.pop(m.ord, None)
                 log.warning(
                     "broker refused packet %d with reason %#04x (%s)",
                     out.packet_id,
                     out.reason,
-                    "dead-lettered" if permanent else "will retry with a new id",
+                    f"dead-lettered after {times} refusals"
+                    if permanent
+                    else f"refusal {times} of {self.up.cfg.max_refusals}; will retry with a new id",
                 )
             elif isinstance(out, Reply):
                 replies.append(out.packet)
@@ -724,5 +748,10 @@ class _Link:
             await self.conn.send(*replies)
             if released:
                 crash_point("pubrel_written")
-        if any(not p for _, _, p in refused):
-            await asyncio.sleep(0.5)  # the broker is pushing back; do not hammer it
+        retried = [n for m in self.queued if (n := self.refusals.get(m.ord))]
+        if any(not p for _, _, p in refused) and retried:
+            # The broker is pushing back: do not hammer it. The back-off doubles with
+            # each refusal of the same message; the connection (and its keepalive)
+            # goes on meanwhile.
+            backoff = REFUSAL_BACKOFF * 2 ** (max(retried) - 1)
+            self.held_until = time.monotonic() + min(REFUSAL_BACKOFF_MAX, backoff)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -237,3 +239,32 @@ def test_pubrels_follow_the_order_of_pubrecs_MQTT_4_6_0_3(tmp_path: Path) -> Non
     _, expected = run_uplink_against(tmp_path, broker)  # 20 messages, window of 5
     assert [p.packet_id for p in sent(broker, Pubrel)] == pubrec_order
     assert set(broker.delivered) == expected
+
+
+def test_a_message_refused_again_and_again_backs_off_then_dead_letters(tmp_path: Path) -> None:
+    """A transient refusal (0x97) is retried under a new id, not every 0.5 s for ever:
+    the back-off doubles while the broker goes on refusing, and after ``max_refusals``
+    the message is dead-lettered (counted) while the rest is delivered once."""
+    refused_payload: list[bytes] = []
+    refused_at: list[float] = []
+
+    def script(pub: Publish, n: int) -> list[Any]:
+        if n == 1:
+            refused_payload.append(pub.payload)
+        if pub.payload == refused_payload[0]:
+            refused_at.append(time.monotonic())
+            return [Pubrec(pub.packet_id, 0x97)]  # type: ignore[arg-type]
+        return [Pubrec(pub.packet_id)]  # type: ignore[arg-type]
+
+    broker = FakeBroker(script)
+    up, expected = run_uplink_against(
+        tmp_path, broker, n=50, config=UplinkConfig(batch=10, max_refusals=3)
+    )
+    assert len(refused_at) == 3  # refused three times, then not sent again
+    gaps = [b - a for a, b in itertools.pairwise(refused_at)]
+    assert gaps[0] >= 0.5 and gaps[1] >= 1.0, gaps  # 0.5 s, then doubled
+    m = up.metrics()
+    assert m["dead_letter"] == 10 and m["backlog"] == 0 and m["refused_by_broker"] == 2
+    dead = {r[0] for r in up.store._db.execute("SELECT id FROM dead_letter")}
+    assert dead | set(broker.delivered) == expected and not dead & set(broker.delivered)
+    assert max(broker.delivered.values()) == 1
