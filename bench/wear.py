@@ -305,9 +305,7 @@ def main() -> None:
     ap.add_argument("--systems", default="pubcomp,bridge,bridge-autosave")
     ap.add_argument("--seconds", type=float, default=None, help="each run (default per shape)")
     ap.add_argument("--commit-delay-ms", type=float, help="pubcomp's store.commit_delay_ms")
-    ap.add_argument(
-        "--commit-delay-max-ms", type=float, help="pubcomp's store.commit_delay_max_ms"
-    )
+    ap.add_argument("--commit-delay-max-ms", type=float, help="pubcomp's store.commit_delay_max_ms")
     ap.add_argument("--linger-ms", type=float, help="pubcomp's uplink.linger_ms")
     args = ap.parse_args()
     if args.commit_delay_ms is not None:
