@@ -9,7 +9,7 @@ from pymodbus.datastore import ModbusDeviceContext, ModbusSequentialDataBlock, M
 from pymodbus.framer import FramerType
 from pymodbus.server import ModbusTcpServer
 
-from pubcomp.devbroker import free_port
+from devkit.broker import free_port
 from pubcomp.sensors.api import ListSink
 from pubcomp.sensors.modbus import ModbusReader
 
