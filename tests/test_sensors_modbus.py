@@ -10,8 +10,8 @@ from pymodbus.framer import FramerType
 from pymodbus.server import ModbusTcpServer
 
 from devkit.broker import free_port
-from pubcomp.sensors.api import ListSink
 from pubcomp.sensors.modbus import ModbusReader
+from tests.sensor_helpers import ListSink
 
 REGISTERS = [
     {"name": "voltage", "address": 0, "type": "uint16", "scale": 0.1, "unit": "V"},
