@@ -40,7 +40,7 @@ test: setup lint
 	$(VENV)/bin/pytest -q
 
 demo: setup
-	$(PY) -m pubcomp.demo
+	$(PY) -m devkit.demo
 
 bench: setup
 	$(PY) bench/uplink_drain.py

@@ -2,7 +2,7 @@
 
 One harness, three systems under test, each between the same node publishers
 and the same cloud Mosquitto, with its state directory on the power-cut file
-system (tests/powercut: only fsynced data survives a cut):
+system (devkit/powercut: only fsynced data survives a cut):
 
 - pubcomp: ``pubcomp gateway run`` (node ingress, SQLite session store, QoS 2 uplink);
   its cloud side also runs ``pubcomp ingest run`` and the Spark pipeline, so its
@@ -50,11 +50,11 @@ sys.path.insert(0, str(ROOT))
 
 import paho.mqtt.client as mqtt  # noqa: E402
 
-from pubcomp.devbroker import Mosquitto, free_port, mosquitto_binary  # noqa: E402
-from pubcomp.devlink import LinkProxy  # noqa: E402
-from tests.gateway_helpers import GatewayProc, PahoNode  # noqa: E402
-from tests.ingest_helpers import IngestProc  # noqa: E402
-from tests.powercut import PowerCutMount, fuse_missing  # noqa: E402
+from devkit.broker import Mosquitto, free_port, mosquitto_binary  # noqa: E402
+from devkit.gateway_helpers import GatewayProc, PahoNode  # noqa: E402
+from devkit.ingest_helpers import IngestProc  # noqa: E402
+from devkit.link import LinkProxy  # noqa: E402
+from devkit.powercut import PowerCutMount, fuse_missing  # noqa: E402
 
 PASSWORD = "chaos-pw"
 

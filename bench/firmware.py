@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 import paho.mqtt.client as mqtt  # noqa: E402
 
-from pubcomp.devbroker import Mosquitto  # noqa: E402
-from tests.gateway_helpers import GatewayProc  # noqa: E402
-from tests.node_helpers import NodeProc, node_config  # noqa: E402
+from devkit.broker import Mosquitto  # noqa: E402
+from devkit.gateway_helpers import GatewayProc  # noqa: E402
+from devkit.node_helpers import NodeProc, node_config  # noqa: E402
 
 WASM = ROOT / "tests" / "firmware"
 

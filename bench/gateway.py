@@ -34,13 +34,16 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
-import yaml
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # devkit/ runs from the checkout
 
-from pubcomp.devbroker import Mosquitto, free_port
-from pubcomp.gateway.credentials import hash_password
-from pubcomp.gateway.intake import Intake
-from pubcomp.sync.store import Reading, Store
+import paho.mqtt.client as mqtt  # noqa: E402
+import yaml  # noqa: E402
+
+from devkit.broker import Mosquitto, free_port  # noqa: E402
+from pubcomp.gateway.credentials import hash_password  # noqa: E402
+from pubcomp.gateway.intake import Intake  # noqa: E402
+from pubcomp.sync.store import Reading, Store  # noqa: E402
 
 PASSWORD = "bench-pw"
 

@@ -29,8 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pubcomp.devbroker import Mosquitto, free_port  # noqa: E402
-from tests.gateway_helpers import GatewayProc  # noqa: E402
+from devkit.broker import Mosquitto, free_port  # noqa: E402
+from devkit.gateway_helpers import GatewayProc  # noqa: E402
 
 GID = "gw-bench"
 

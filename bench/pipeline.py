@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+from devkit import duckdb_reference as ref  # noqa: E402
 from pubcomp.pipeline import transforms as T  # noqa: E402
 from pubcomp.pipeline.job import Pipeline, spark_session  # noqa: E402
 from pubcomp.pipeline.synth import write_landing  # noqa: E402
-from tests import duckdb_reference as ref  # noqa: E402
 
 
 def plain_batch(spark, landing: Path, out: Path) -> float:  # type: ignore[no-untyped-def]
@@ -87,9 +87,9 @@ class _LineCounter:
 
 
 def ingest_rate(tmp: Path, gateways: int, per_gateway: int) -> float:
-    from pubcomp.devbroker import Mosquitto
-    from tests.ingest_helpers import IngestProc
-    from tests.uplink_helpers import fill_store, start_uplink
+    from devkit.broker import Mosquitto
+    from devkit.ingest_helpers import IngestProc
+    from devkit.uplink_helpers import fill_store, start_uplink
 
     broker = Mosquitto(tmp / "broker").start()
     try:

@@ -23,13 +23,16 @@ import threading
 import time
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # devkit/ runs from the checkout
 
-from pubcomp.devbroker import Mosquitto
-from pubcomp.sync.client import ConnectOptions
-from pubcomp.sync.store import Reading, Store
-from pubcomp.sync.uplink import Uplink, UplinkConfig
-from pubcomp.sync.wire import encode_payload
+import paho.mqtt.client as mqtt  # noqa: E402
+
+from devkit.broker import Mosquitto  # noqa: E402
+from pubcomp.sync.client import ConnectOptions  # noqa: E402
+from pubcomp.sync.store import Reading, Store  # noqa: E402
+from pubcomp.sync.uplink import Uplink, UplinkConfig  # noqa: E402
+from pubcomp.sync.wire import encode_payload  # noqa: E402
 
 PAHO_RSS_SCRIPT = """
 import sys, threading, resource

@@ -17,7 +17,7 @@ Shapes (node publishers are paho-mqtt at QoS 1, the node wire format):
 
 Disks: ``plain`` (this machine's file system; bytes from the system's own
 ``write_bytes`` in /proc/PID/io, fsyncs from pubcomp's counter) and ``slow``
-(the power-cut file system, tests/powercut, with 5 ms added to every fsync as
+(the power-cut file system, devkit/powercut, with 5 ms added to every fsync as
 on slow flash; bytes are the 4 KiB pages its fsyncs made durable, fsyncs its own
 count, for every system alike).
 
@@ -51,10 +51,10 @@ sys.path.insert(0, str(ROOT))
 
 import paho.mqtt.client as mqtt  # noqa: E402
 
-from pubcomp.devbroker import Mosquitto  # noqa: E402
+from devkit.broker import Mosquitto  # noqa: E402
+from devkit.gateway_helpers import GatewayProc  # noqa: E402
+from devkit.powercut import PowerCutMount, fuse_missing  # noqa: E402
 from pubcomp.gateway.wear import process_write_bytes  # noqa: E402
-from tests.gateway_helpers import GatewayProc  # noqa: E402
-from tests.powercut import PowerCutMount, fuse_missing  # noqa: E402
 
 PASSWORD = "wear-pw"
 SLOW_FSYNC_S = 0.005

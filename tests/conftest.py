@@ -6,7 +6,7 @@ from pathlib import Path
 import hypothesis  # noqa: F401  # imported early: see the note below
 import pytest
 
-from pubcomp.devbroker import Mosquitto
+from devkit.broker import Mosquitto
 
 # Twice, with a fresh install, CPython 3.11.7 raised "SystemError: AST constructor
 # recursion depth mismatch" while pytest's assertion rewriter compiled a hypothesis
@@ -18,7 +18,7 @@ from pubcomp.devbroker import Mosquitto
 def _no_stray_processes() -> Iterator[None]:
     """A failing test must not leave a gateway or an ingest running behind it."""
     yield
-    from .procs import kill_stray
+    from devkit.procs import kill_stray
 
     kill_stray()
 

@@ -6,7 +6,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .gateway_helpers import GatewayProc
+from devkit.gateway_helpers import GatewayProc
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_demo_loses_nothing_and_writes_its_report(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pubcomp.demo"],
+        [sys.executable, "-m", "devkit.demo"],
         cwd=tmp_path,  # demo-out/ goes here
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,

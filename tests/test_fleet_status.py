@@ -9,12 +9,12 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 
-from pubcomp.devbroker import Mosquitto
+from devkit.broker import Mosquitto
+from devkit.gateway_helpers import GatewayProc
+from devkit.ingest_helpers import IngestProc, rejected
 from pubcomp.gateway.config import Fleet
 
 from .fleet_helpers import StatusWatcher
-from .gateway_helpers import GatewayProc
-from .ingest_helpers import IngestProc, rejected
 from .test_fleet_view import status
 
 SIM = [{"id": "t", "type": "simulated", "interval_s": 0.2, "unit": "C"}]

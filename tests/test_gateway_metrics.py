@@ -9,11 +9,11 @@ import math
 import time
 from pathlib import Path
 
-from pubcomp.devbroker import Mosquitto
+from devkit.broker import Mosquitto
+from devkit.gateway_helpers import GatewayProc
+from devkit.node_helpers import wait_until
 
-from .gateway_helpers import GatewayProc
 from .metrics_helpers import samples, scrape_text
-from .node_helpers import wait_until
 
 SENSORS = [{"id": "temp", "type": "simulated", "signal": "sine", "unit": "C", "interval_s": 0.1}]
 START = ("pubcomp_start_timestamp_seconds", ())

@@ -9,12 +9,11 @@ import threading
 import time
 from pathlib import Path
 
-from pubcomp.devbroker import Mosquitto
+from devkit.broker import Mosquitto
+from devkit.gateway_helpers import GatewayProc
 from pubcomp.gateway import service
 from pubcomp.gateway.config import GatewayConfig
 from pubcomp.gateway.notify import Notifier
-
-from .gateway_helpers import GatewayProc
 
 
 class NotifySocket:

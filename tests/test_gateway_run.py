@@ -15,11 +15,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pubcomp.checker import Checker
-from pubcomp.devbroker import Mosquitto
-
-from .gateway_helpers import GatewayProc, PahoNode
-from .node_helpers import wait_until
+from devkit.broker import Mosquitto
+from devkit.checker import Checker
+from devkit.gateway_helpers import GatewayProc, PahoNode
+from devkit.node_helpers import wait_until
 
 SENSORS = [
     {"id": "temp", "type": "simulated", "signal": "sine", "unit": "C", "interval_s": 0.1},

@@ -22,11 +22,10 @@ from typing import Any
 
 import pytest
 
-from pubcomp.devbroker import Mosquitto, free_port
+from devkit.broker import Mosquitto, free_port
+from devkit.gateway_helpers import GatewayProc
 from pubcomp.gateway.health import backlog_svg, fit_span
 from pubcomp.sync.units import megabytes
-
-from .gateway_helpers import GatewayProc
 
 SENSORS = [{"id": "temp", "type": "simulated", "signal": "sine", "unit": "C", "interval_s": 0.05}]
 SIZES = {"desktop": (1280, 900), "phone": (390, 844)}

@@ -16,11 +16,11 @@ from typing import Any
 
 import yaml
 
-from pubcomp.devbroker import Mosquitto
+from devkit.broker import Mosquitto
+from devkit.gateway_helpers import GatewayProc, PahoNode
+from devkit.node_helpers import wait_until
 
-from .gateway_helpers import GatewayProc, PahoNode
 from .metrics_helpers import exported_names, samples, scrape_text
-from .node_helpers import wait_until
 from .test_prometheus_rules import alert_rules, needs_promtool
 
 DASHBOARD = Path(__file__).parent.parent / "examples" / "grafana" / "pubcomp-dashboard.json"

@@ -13,15 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubcomp.devbroker import Mosquitto
+from devkit import duckdb_reference as ref
+from devkit.broker import Mosquitto
+from devkit.ingest_helpers import IngestProc, landed, rejected
+from devkit.uplink_helpers import fill_store, run_uplink, start_uplink
 from pubcomp.pipeline import ingest
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.landing import LandingWriter
 from pubcomp.sync import wire
-
-from . import duckdb_reference as ref
-from .ingest_helpers import IngestProc, landed, rejected
-from .uplink_helpers import fill_store, run_uplink, start_uplink
 
 
 def _wait_landed(landing: Path, expected: set[str], timeout: float = 30) -> None:

@@ -20,13 +20,12 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from pubcomp import devnode
-from pubcomp.checker import Checker
-from pubcomp.devbroker import Mosquitto, free_port
-from pubcomp.devlink import LinkProxy
-
-from .gateway_helpers import GatewayProc
-from .node_helpers import NodeProc, wait_until
+from devkit import node as devnode
+from devkit.broker import Mosquitto, free_port
+from devkit.checker import Checker
+from devkit.gateway_helpers import GatewayProc
+from devkit.link import LinkProxy
+from devkit.node_helpers import NodeProc, wait_until
 
 GID = "gw-tls"
 

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
+from devkit import duckdb_reference as ref
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.synth import write_landing
-
-from . import duckdb_reference as ref
 
 BAD_LINES = [
     "not json at all",

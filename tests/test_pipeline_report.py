@@ -15,12 +15,12 @@ from typing import Any
 
 from matplotlib import image as mpimg
 
+from devkit import duckdb_reference as ref
 from pubcomp.pipeline import report
 from pubcomp.pipeline import transforms as T
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.synth import write_landing
 
-from . import duckdb_reference as ref
 from .test_pipeline import BAD_LINES
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from devkit.powercut import PowerCutMount, fuse_missing
 from pubcomp.sync.store import fsync_dir
-from tests.powercut import PowerCutMount, fuse_missing
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 

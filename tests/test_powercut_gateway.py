@@ -1,5 +1,5 @@
 """Power cuts, not kills: the gateway's state and the ingest's landing zone on the power-cut
-file system (tests/powercut), cut at random moments while readings flow and the uplink comes
+file system (devkit/powercut), cut at random moments while readings flow and the uplink comes
 and goes. Acknowledged (to a node) or committed (from a sensor) means: survives, and after
 the pipeline appears exactly once."""
 
@@ -16,16 +16,15 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from pubcomp.devbroker import Mosquitto
-from pubcomp.devlink import LinkProxy
+from devkit.broker import Mosquitto
+from devkit.gateway_helpers import GatewayProc, PahoNode
+from devkit.ingest_helpers import IngestProc, landed
+from devkit.link import LinkProxy
+from devkit.node_helpers import wait_until
+from devkit.powercut import PowerCutMount, fuse_missing
 from pubcomp.gateway import commitlog
 from pubcomp.pipeline.audit import delivered
 from pubcomp.pipeline.job import Pipeline
-from tests.powercut import PowerCutMount, fuse_missing
-
-from .gateway_helpers import GatewayProc, PahoNode
-from .ingest_helpers import IngestProc, landed
-from .node_helpers import wait_until
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 
@@ -250,7 +249,7 @@ def test_power_cut_while_acknowledgements_are_held_for_a_group(
     acknowledged reaches the cloud exactly once (counted by paho before any dedup), nothing
     arrives that the node did not send, and on every connection the PUBACKs came in the
     order of the PUBLISHes (MQTT-4.6.0-2, MQTT-4.6.0-3)."""
-    from pubcomp.checker import Checker
+    from devkit.checker import Checker
 
     rng = random.Random(20261123)
     checker = Checker(mosquitto.port, topic="telemetry/#", client_id="held-checker").start()

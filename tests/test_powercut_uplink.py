@@ -3,7 +3,7 @@
 tests/test_uplink_crashes.py kills the uplink (SIGKILL) at each named point of
 sync/faults.py; a kill leaves the page cache to the restarted process, so an
 uplink that forgot an fsync would pass it. Here the store lives on the power-cut
-file system (tests/powercut): the uplink kills itself at the point, then the power
+file system (devkit/powercut): the uplink kills itself at the point, then the power
 goes (everything not fsynced is dropped) and the uplink starts again from what was
 durable. Each test asserts:
 
@@ -40,13 +40,12 @@ from typing import Any
 
 import pytest
 
-from pubcomp.checker import Checker, exactly_once_report
-from pubcomp.devbroker import Mosquitto
-from tests.powercut import PowerCutMount, fuse_missing
-from tests.uplink_helpers import fill_store, inflight_rows, run_uplink, summary
-
-from .gateway_helpers import GatewayProc
-from .node_helpers import wait_until
+from devkit.broker import Mosquitto
+from devkit.checker import Checker, exactly_once_report
+from devkit.gateway_helpers import GatewayProc
+from devkit.node_helpers import wait_until
+from devkit.powercut import PowerCutMount, fuse_missing
+from devkit.uplink_helpers import fill_store, inflight_rows, run_uplink, summary
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from gpiozero.pins.mock import MockFactory
 
-from pubcomp.sensors.api import ListSink
 from pubcomp.sensors.digital import DigitalInput
 from pubcomp.sensors.pins import GPIOUnavailable, detect, make_factory
 from pubcomp.sensors.pins.rpigpio import RPiGPIOFactory
 from pubcomp.sensors.pins.simulated import SimulatedFactory
 from pubcomp.sensors.pins.zero import GpiozeroFactory
 from pubcomp.sensors.pulse import PulseCounter
+from tests.sensor_helpers import ListSink
 
 
 def bounce_pulse(set_level: Callable[[bool], None], bounces: int = 10) -> None:

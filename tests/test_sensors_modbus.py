@@ -9,9 +9,9 @@ from pymodbus.datastore import ModbusDeviceContext, ModbusSequentialDataBlock, M
 from pymodbus.framer import FramerType
 from pymodbus.server import ModbusTcpServer
 
-from pubcomp.devbroker import free_port
-from pubcomp.sensors.api import ListSink
+from devkit.broker import free_port
 from pubcomp.sensors.modbus import ModbusReader
+from tests.sensor_helpers import ListSink
 
 REGISTERS = [
     {"name": "voltage", "address": 0, "type": "uint16", "scale": 0.1, "unit": "V"},

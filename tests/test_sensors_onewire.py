@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pubcomp.sensors.api import ListSink
 from pubcomp.sensors.onewire import DS18B20, discover
+from tests.sensor_helpers import ListSink
 
 W1_GOOD = "72 01 4b 46 7f ff 0e 10 57 : crc=57 YES\n72 01 4b 46 7f ff 0e 10 57 t=23125\n"
 W1_CRC_NO = "72 01 4b 46 7f ff 0e 10 57 : crc=58 NO\n72 01 4b 46 7f ff 0e 10 57 t=23125\n"

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pubcomp.sensors import nmea, pms5003, sds011
-from pubcomp.sensors.api import ListSink
 from pubcomp.sensors.frames import Frame, FrameError
 from pubcomp.sensors.serialport import SerialPort
 from pubcomp.sensors.serialsensor import SerialSensor
+from tests.sensor_helpers import ListSink
 
 # Real sentences (the NMEA reference examples, with their published checksums).
 GGA = b"$GPGGA,123519,4807.038,N,01131.000,E,1,08,0.9,545.4,M,46.9,M,,*47\r\n"

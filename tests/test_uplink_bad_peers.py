@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from devkit.uplink_helpers import fill_store
 from pubcomp.sync.client import ConnectOptions
 from pubcomp.sync.codec import Decoder, ProtocolError, encode
 from pubcomp.sync.packets import (
@@ -28,7 +29,6 @@ from pubcomp.sync.packets import (
 )
 from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
-from tests.uplink_helpers import fill_store
 
 # script(publish, nth_publish_seen) -> what to send back: packets or raw bytes
 Script = Callable[[Publish, int], list[Any]]

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pubcomp.checker import Checker, exactly_once_report
-from pubcomp.devbroker import Mosquitto
+from devkit.broker import Mosquitto
+from devkit.checker import Checker, exactly_once_report
+from devkit.uplink_helpers import fill_store, run_uplink, start_uplink, store_states, summary
 from pubcomp.sync.store import Store
-from tests.uplink_helpers import fill_store, run_uplink, start_uplink, store_states, summary
 
 
 def _wait_for_inflight(store: Path, timeout: float = 20) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pubcomp.checker import Checker, exactly_once_report
-from pubcomp.devbroker import Mosquitto
-from tests.uplink_helpers import fill_store, run_uplink, start_uplink, store_states, summary
+from devkit.broker import Mosquitto
+from devkit.checker import Checker, exactly_once_report
+from devkit.uplink_helpers import fill_store, run_uplink, start_uplink, store_states, summary
 
 PROTOCOLS = [("5", 5), ("3.1.1", 4)]
 

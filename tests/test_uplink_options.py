@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from pubcomp.checker import Checker, exactly_once_report
-from pubcomp.devbroker import Mosquitto, free_port
+from devkit.broker import Mosquitto, free_port
+from devkit.checker import Checker, exactly_once_report
+from devkit.uplink_helpers import fill_store, run_uplink, start_uplink, stop_after
 from pubcomp.sync.packets import Publish
 from pubcomp.sync.store import Reading, Store
 from pubcomp.sync.uplink import UplinkConfig
 from tests.test_uplink_bad_peers import FakeBroker, run_uplink_against
-from tests.uplink_helpers import fill_store, run_uplink, start_uplink, stop_after
 
 
 def openssl(*args: str) -> None:

@@ -40,10 +40,9 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from pubcomp.checker import Checker
-from pubcomp.devbroker import Mosquitto
-
-from .gateway_helpers import GatewayProc
+from devkit.broker import Mosquitto
+from devkit.checker import Checker
+from devkit.gateway_helpers import GatewayProc
 
 LATENCY_S = 0.05
 READINGS_PER_MESSAGE = 1

@@ -6,8 +6,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from pubcomp.checker import Checker
-from pubcomp.devbroker import Mosquitto
+from devkit.broker import Mosquitto
+from devkit.checker import Checker
 from pubcomp.sync.client import ConnectOptions
 from pubcomp.sync.store import Reading, Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig

@@ -5,18 +5,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pubcomp import devnode
-
+from .node import HostNode
+from .node import node_config as board_config
 from .procs import track
 
 DEEPSLEEP_EXIT = 75
 
 
 def node_config(node: str, password: str, port: int, **over: Any) -> dict[str, Any]:
-    return devnode.node_config(node, password, "127.0.0.1", port, **over)
+    return board_config(node, password, "127.0.0.1", port, **over)
 
 
-class NodeProc(devnode.HostNode):
+class NodeProc(HostNode):
     """A host-port board whose process the tests' reaper knows about."""
 
     def start(self) -> NodeProc:

@@ -16,11 +16,20 @@ import subprocess
 import time
 from pathlib import Path
 
+_handed_out: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, and never one this process had before:
+    the kernel may give the same port to two binds in a row once the first is closed,
+    and a gateway with its plaintext and TLS listeners on one port does not start."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def mosquitto_binary() -> str:

@@ -17,9 +17,9 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import yaml
 
-from pubcomp.devbroker import free_port
 from pubcomp.gateway.credentials import hash_password
 
+from .broker import free_port
 from .procs import track
 
 

@@ -2,11 +2,11 @@
 
 What runs (everything it starts, it stops):
 - a "cloud" Mosquitto on a free loopback port, reached through a link proxy
-  (pubcomp/devlink.py) that can take the uplink down;
+  (devkit/link.py) that can take the uplink down;
 - ``pubcomp gateway run`` from examples/demo-fleet.yaml: a pulse counter
   (simulated pin), a DS18B20 probe (a sysfs directory the demo writes) and a
   PMS5003 (real frames on a pseudo-terminal), its state directory on the
-  power-cut file system (tests/powercut) where /dev/fuse exists;
+  power-cut file system (devkit/powercut) where /dev/fuse exists;
 - two nodes running the firmware's network code under CPython (firmware/host);
 - ``pubcomp ingest run`` landing what the cloud receives, and a paho-mqtt
   subscriber counting every reading id at the cloud on its own.
@@ -32,13 +32,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pubcomp.gateway import commitlog
+from pubcomp.pipeline.audit import landed
+
+from .broker import Mosquitto, free_port
 from .checker import Checker
 from .demorig import SensorBench
-from .devbroker import Mosquitto, free_port
-from .devlink import LinkProxy
-from .devnode import HostNode, node_config
-from .gateway import commitlog
-from .pipeline.audit import landed
+from .link import LinkProxy
+from .node import HostNode, node_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "examples" / "demo-fleet.yaml"
@@ -72,8 +73,7 @@ class Demo:
 
     def start_disk(self) -> Path:
         """The gateway's state directory: on the power-cut disk when FUSE is here."""
-        sys.path.insert(0, str(ROOT))  # tests/powercut is a test tool, used from the checkout
-        from tests.powercut import PowerCutMount, fuse_missing
+        from .powercut import PowerCutMount, fuse_missing
 
         why = fuse_missing()
         if why is not None:
@@ -222,9 +222,9 @@ class Demo:
         return self.pipeline(at_cloud)
 
     def pipeline(self, at_cloud: set[str]) -> int:
-        from .pipeline import health, report
-        from .pipeline.audit import delivered
-        from .pipeline.job import Pipeline, spark_session
+        from pubcomp.pipeline import health, report
+        from pubcomp.pipeline.audit import delivered
+        from pubcomp.pipeline.job import Pipeline, spark_session
 
         spark = spark_session(app="pubcomp-demo")
         self.stack.callback(spark.stop)

@@ -1,4 +1,4 @@
-"""The power-cut file system as a FUSE mount: ``python -m tests.powercut.fs BACKING MOUNT CONTROL``.
+"""The power-cut file system over FUSE: ``python -m devkit.powercut.fs BACKING MOUNT CONTROL``.
 
 model.py holds the rules; this module only speaks FUSE (mfusepy over libfuse 3)
 and listens on a Unix socket for the harness: ``freeze`` (from now on every

@@ -63,7 +63,7 @@ class PowerCutMount:
     def mount(self) -> PowerCutMount:
         self.backing.mkdir(parents=True, exist_ok=True)
         self.path.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "tests.powercut.fs", str(self.backing), str(self.path)]
+        cmd = [sys.executable, "-m", "devkit.powercut.fs", str(self.backing), str(self.path)]
         cmd += [str(self.control)]
         if self.capacity is not None:
             cmd += ["--capacity", str(self.capacity)]
