@@ -25,11 +25,11 @@ import pytest
 from devkit.broker import Mosquitto
 from devkit.gateway_helpers import GatewayProc
 from devkit.ingest_helpers import IngestProc
+from devkit.procs import track
 from pubcomp import cli
 from pubcomp.pipeline import health
 
 from .fleet_helpers import CutProxy, StatusWatcher
-from .procs import track
 
 SIM = [{"id": "t", "type": "simulated", "interval_s": 0.2, "unit": "C"}]
 FAST = {"status": {"min_interval_s": 1, "heartbeat_s": 10}}
