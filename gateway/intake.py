@@ -60,7 +60,7 @@ class Intake:
         self.on_commit = on_commit  # sees the sensor readings of each commit, after it
         self.sensor_delay = sensor_delay
         self.max_hold = max_hold
-        self._arrivals: dict[str, tuple[float, float]] = {}  # producer: (last, smoothed gap)
+        self._arrivals: dict[str, tuple[float, float | None]] = {}  # producer: (last, smoothed gap)
         self.stats = IntakeStats()
         self._sensor: list[Reading] = []
         self._state: dict[str, str] = {}
@@ -113,11 +113,11 @@ class Intake:
             return None
         now = time.monotonic()
         last, smooth = self._arrivals.get(producer, (None, None))
-        self._arrivals[producer] = (now, 0.0)
-        if last is None:
+        if last is None:  # its first message: no gap known yet
+            self._arrivals[producer] = (now, None)
             return None
         gap = now - last
-        smooth = gap if not smooth else 0.8 * smooth + 0.2 * gap
+        smooth = gap if smooth is None else 0.8 * smooth + 0.2 * gap
         self._arrivals[producer] = (now, smooth)
         within = min(self.max_hold, PATIENCE * min(gap, smooth))
         return within if within > self.commits.commit_delay else None

@@ -83,10 +83,6 @@ def encode_readings(readings: Sequence[dict[str, Any]]) -> bytes:
     ].encode()
 
 
-def encode_reading(reading: dict[str, Any]) -> bytes:
-    return encode_readings([reading])
-
-
 def encode_payload(gateway: str, bodies: Sequence[bytes]) -> bytes:
     """The gateway-to-cloud wire format, version 1 (docs/wire-format.md), from readings
     already encoded (``encode_readings``)."""

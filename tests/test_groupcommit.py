@@ -291,3 +291,29 @@ def test_intake_pipelined_submits_commit_in_groups(tmp_path: Path, delay: float)
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
         stored, commits = asyncio.run(main(s))
         assert all(stored) and commits <= 2  # fifty messages waiting together: one group
+
+
+def test_a_node_that_sends_seldom_may_wait_longer_one_flat_out_never(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Patience: 5 % of the gap between a node's messages, at most max_hold, and only
+    when that is longer than the commit delay (docs/architecture.md)."""
+    import pubcomp.gateway.intake as intake_mod
+    from pubcomp.gateway.intake import Intake
+
+    clock = [100.0]
+    monkeypatch.setattr(intake_mod.time, "monotonic", lambda: clock[0])
+
+    async def main() -> list[float | None]:
+        with Store(tmp_path / "s.db", gateway_id="gw") as s:
+            intake = Intake(s, commit_delay=0.01, max_hold=0.5)
+            out = []
+            for step in (0.0, 20.0, 20.0, 0.005, 0.005):  # every 20 s, then flat out
+                clock[0] += step
+                out.append(intake.patience("n"))
+            return out
+
+    first, slow, slow_again, burst, flat = asyncio.run(main())
+    assert first is None  # no gap known yet
+    assert slow == pytest.approx(0.5) and slow_again == pytest.approx(0.5)  # 1 s, capped
+    assert burst is None and flat is None  # speeding up: served at once
