@@ -28,7 +28,6 @@ id differs and is delivered. Nothing is acknowledged before it is on disk.
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import contextlib
 import dataclasses
@@ -68,7 +67,7 @@ from pubcomp.sync.packets import (
 )
 from pubcomp.sync.session import Forget, Reack, ReceiverSession, message_digest
 
-from .landing import RECEIVE_KEY, LandingWriter
+from .landing import RECEIVE_KEY, LandingWriter, rejection_line
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +323,11 @@ class Ingest:
                     self.stats.readings += n
                 else:
                     self.stats.rejected[why.split(":")[0]] += 1
-                    group.rejected.append(_rejection(pkt, why, received, record))
+                    group.rejected.append(
+                        rejection_line(
+                            pkt.topic, pkt.payload, why, received, **{RECEIVE_KEY: record}
+                        )
+                    )
                 group.packet_ids.append(pkt.packet_id)
                 group.sessions.add(key)
                 if out.ack is not None:
@@ -487,23 +490,6 @@ def _plainly_valid(msg: Any) -> bool:
         if flags and (any(type(f) is not str for f in flags) or len(set(flags)) != len(flags)):
             return False
     return True
-
-
-def _rejection(pkt: Publish, why: str, received: str, record: dict[str, Any]) -> bytes:
-    try:
-        payload: str = pkt.payload.decode("utf-8")
-        encoding = "utf-8"
-    except UnicodeDecodeError:
-        payload, encoding = base64.b64encode(pkt.payload).decode(), "base64"
-    rec = {
-        "received": received,
-        "topic": pkt.topic,
-        "reason": why,
-        "payload": payload[:65536],
-        "encoding": encoding,
-        RECEIVE_KEY: record,
-    }
-    return json.dumps(rec, ensure_ascii=False).encode() + b"\n"
 
 
 def run(ingest: Ingest, status: Any = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ again, and it lands once.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pubcomp.sync.store import fsync_dir
 
@@ -42,6 +44,24 @@ RECEIVE_KEY = "_mqtt"
 # The bytes that open a receive record. They cannot occur inside a JSON string
 # (its quotes would be escaped), nor as a reading's own key (the schema forbids it).
 _MARK = b'"_mqtt":'
+
+
+def rejection_line(topic: str, payload: bytes, why: str, received: str, **extra: Any) -> bytes:
+    """A refused message as a line of ``_rejected/``: what came, when, why; a payload
+    that is not UTF-8 is kept as base64."""
+    try:
+        text, encoding = payload.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(payload).decode(), "base64"
+    rec = {
+        "received": received,
+        "topic": topic,
+        "reason": why,
+        "payload": text[:65536],
+        "encoding": encoding,
+        **extra,
+    }
+    return json.dumps(rec, ensure_ascii=False).encode() + b"\n"
 
 
 def _utc_stamp() -> str:

@@ -20,7 +20,6 @@ reads the readings)::
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import json
@@ -50,7 +49,7 @@ from pubcomp.sync.packets import (
     Subscription,
 )
 
-from .landing import LandingWriter
+from .landing import LandingWriter, rejection_line
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +150,7 @@ class StatusLanding:
                     lines.append(line)
                     self.stats.messages += 1
                 else:
-                    bad.append(_rejection(pkt, why, received))
+                    bad.append(rejection_line(pkt.topic, pkt.payload, why, received))
                     self.stats.rejected += 1
                 if pkt.qos >= 1 and pkt.packet_id is not None:
                     acks.append(Puback(pkt.packet_id))
@@ -174,18 +173,3 @@ class StatusLanding:
             return b"", f"schema: {where}: {err.message}"
         msg["received"] = received
         return json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n", None
-
-
-def _rejection(pkt: Publish, why: str, received: str) -> bytes:
-    try:
-        payload, encoding = pkt.payload.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        payload, encoding = base64.b64encode(pkt.payload).decode(), "base64"
-    rec = {
-        "received": received,
-        "topic": pkt.topic,
-        "reason": why,
-        "payload": payload[:65536],
-        "encoding": encoding,
-    }
-    return json.dumps(rec, ensure_ascii=False).encode() + b"\n"
