@@ -92,7 +92,7 @@ class StoreSection(_Model):
     quota_mb: Annotated[float, Field(gt=0)] | None = None
     policy: Literal["refuse_new", "drop_oldest"] = "refuse_new"
     # How long a node's PUBACK may wait for other messages to share its fsync.
-    commit_delay_ms: Annotated[float, Field(ge=0, le=1000)] = 10  # bench/wear.py
+    commit_delay_ms: Annotated[float, Field(ge=0, le=1000)] = 20  # bench/wear.py
     # A node that sends seldom may have its PUBACK held for 5 % of the time between its
     # messages, up to this long, so a quiet fleet's messages share fsyncs (0: never
     # longer than commit_delay_ms).

@@ -84,7 +84,7 @@ class Intake:
                 within=patience,
                 # A patient message waits for its deadline: it must not count towards
                 # the "as many as waited together lately" rule, which would send it alone.
-                peer=patience is None,
+                peer=(producer or "") if patience is None else None,
             )
         except StoreFull:
             self.stats.refused_full += 1

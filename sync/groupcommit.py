@@ -18,10 +18,15 @@ unwritable (``Store.write_state``); the next COMMIT that succeeds clears it.
 When to commit is a matter of deadlines, not of arrival: each op says how
 long it may wait (``within``). A PUBACK a node is waiting for may wait a few
 milliseconds (``commit_delay``), so the messages of several nodes share an
-fsync, and a group whose waiting producers are as many as waited together
-lately is full and goes at once; a PUBCOMP may wait seconds, because
-forgetting it is never urgent (a PUBREL resent after a crash only draws
-another PUBCOMP); a sensor reading nobody waits for may wait a second.
+fsync. A group is full, and goes at once, when as many producers wait in it as
+waited together lately and each of them has at least half as many messages
+unacknowledged as it lately had at most: four nodes with one message in
+flight each are all in with four messages, and none will send more before it
+hears from this commit; one node keeping twenty in flight is in with ten,
+since waiting for its window to fill would stall it. A PUBCOMP may wait
+seconds, because forgetting it is never urgent (a PUBREL resent after a crash
+only draws another PUBCOMP); a sensor reading nobody waits for may wait a
+second.
 Whatever is pending rides the first commit any deadline calls for. While one
 commit runs (in a worker thread, so the event loop keeps receiving),
 everything that arrives gathers for the next.
@@ -57,7 +62,8 @@ class _Op:
     deadline: float
     frees: bool  # deletes data (deliveries): may spend the store's disk reserve
     done: asyncio.Future[Any] | None
-    peer: bool = False  # a producer waits for it (a PUBACK): counts towards a full group
+    # The producer waiting for it (a node, for its PUBACK): counts towards a full group
+    peer: str | None = None
 
 
 @dataclass
@@ -85,19 +91,29 @@ class GroupCommit:
         # How many producers waited together in recent groups: once that many are
         # waiting again, the group is as full as it gets and need not wait its delay.
         self._recent_peers: collections.deque[int] = collections.deque(maxlen=16)
-        self._peers_pending = 0
+        self._peers_pending: collections.Counter[str] = collections.Counter()  # in _pending
+        self._unacked: collections.Counter[str] = collections.Counter()  # pending or committing
+        # Each producer's unacknowledged count at its recent submits, and their maximum:
+        # what it keeps in flight when it sends as fast as it may.
+        self._window: dict[str, collections.deque[int]] = {}
+        self._peak: dict[str, int] = {}
         self._wrote = False  # the last commit changed rows (set in the worker thread)
 
     # ------------------------------------------------------------ producers
 
     def submit(
-        self, fn: DbOp, *, within: float | None = None, frees: bool = False, peer: bool = False
+        self,
+        fn: DbOp,
+        *,
+        within: float | None = None,
+        frees: bool = False,
+        peer: str | None = None,
     ) -> Any:
         """Queue ``fn(db)`` for a group; returns a future of its result, set after the COMMIT.
 
         ``within``: the longest it may wait for company (default ``commit_delay``).
-        ``peer``: one of several producers that each wait for their commit (node
-        messages): when as many wait as did together lately, the group commits at once.
+        ``peer``: the producer that waits for this commit (a node): when as many
+        producers wait as did together lately, the group commits at once.
         """
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue(_Op(fn, self._deadline(within), frees, fut, peer))
@@ -136,7 +152,12 @@ class GroupCommit:
         if self._closed and not self._running:
             raise RuntimeError("group commit is closed")
         self._pending.append(op)
-        self._peers_pending += op.peer
+        if op.peer is not None:
+            self._peers_pending[op.peer] += 1
+            self._unacked[op.peer] += 1
+            window = self._window.setdefault(op.peer, collections.deque(maxlen=32))
+            window.append(self._unacked[op.peer])
+            self._peak[op.peer] = max(window)
         if op.deadline <= time.monotonic() or len(self._pending) >= self.max_ops or self._full():
             self._wake.set()
         elif self._next_deadline() == op.deadline:
@@ -164,7 +185,11 @@ class GroupCommit:
         self._wake.set()
 
     def _full(self) -> bool:
-        return self._peers_pending >= max(self._recent_peers, default=0) > 0
+        want = max(self._recent_peers, default=0)
+        if not want or len(self._peers_pending) < want:
+            return False
+        blocked = sum(self._unacked[p] >= (self._peak[p] + 1) // 2 for p in self._peers_pending)
+        return blocked >= want
 
     def _next_deadline(self) -> float | None:
         candidates = [op.deadline for op in self._pending]
@@ -198,10 +223,10 @@ class GroupCommit:
             group.append(self._pending.popleft())
         if not group:
             return
-        peers = sum(op.peer for op in group)
-        self._peers_pending -= peers
+        peers = collections.Counter(op.peer for op in group if op.peer is not None)
+        self._peers_pending -= peers  # Counter subtraction drops producers left at zero
         if peers:
-            self._recent_peers.append(peers)
+            self._recent_peers.append(len(peers))
         try:
             outcomes = await asyncio.to_thread(self._commit, group)
         except Exception as exc:  # the COMMIT failed: nothing in the group is durable
@@ -217,6 +242,7 @@ class GroupCommit:
             if self._wrote:  # an empty commit writes nothing: it proves no disk writable
                 self.store.wrote()
             self.store.notify()
+        self._unacked -= peers  # (the window of a producer stays: nodes are few and named)
         for op, (ok, value) in zip(group, outcomes, strict=True):
             if op.done is None:
                 if not ok and not isinstance(value, StoreFull | StoreUnwritable):

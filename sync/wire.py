@@ -71,6 +71,10 @@ def parse_node_message(payload: bytes) -> NodeMessage | str:
         return "invalid_json" if kinds & not_json else "invalid_schema"
 
 
+# One encoder for all: json.dumps with options builds a new one on every call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def encode_readings(readings: Sequence[dict[str, Any]]) -> bytes:
     """Readings in the cloud wire format, comma separated (the inside of ``readings: [...]``).
 
@@ -78,9 +82,7 @@ def encode_readings(readings: Sequence[dict[str, Any]]) -> bytes:
     a DUP resend rebuilt from the store be byte-identical to the first PUBLISH.
     Raises ValueError on NaN or Infinity (not JSON).
     """
-    return json.dumps(readings, separators=(",", ":"), ensure_ascii=False, allow_nan=False)[
-        1:-1
-    ].encode()
+    return _ENCODER.encode(readings)[1:-1].encode()
 
 
 def encode_payload(gateway: str, bodies: Sequence[bytes]) -> bytes:

@@ -317,3 +317,54 @@ def test_a_node_that_sends_seldom_may_wait_longer_one_flat_out_never(
     assert first is None  # no gap known yet
     assert slow == pytest.approx(0.5) and slow_again == pytest.approx(0.5)  # 1 s, capped
     assert burst is None and flat is None  # speeding up: served at once
+
+
+def test_a_group_goes_at_once_when_every_producer_waits_on_it(tmp_path: Path) -> None:
+    """Four nodes with one message in flight each: once all four wait, the group is
+    full and commits without its (here hour-long) delay; three are not enough. One
+    node keeping eight in flight is full at half of them, before its window stalls."""
+
+    async def settle(gc: GroupCommit) -> None:
+        for _ in range(20):  # let the loop run: a group that may go, goes
+            await asyncio.sleep(0)
+
+    def op(s: Store, i: int) -> Any:
+        return lambda db: s.append_batches_in(db, [(None, [reading(i)])])
+
+    async def main(s: Store) -> dict[str, Any]:
+        gc, task = await running(s, commit_delay=3600)
+        seen: dict[str, Any] = {}
+        async with asyncio.timeout(60):
+            # Warm-up: they waited together once (within=0: no delay to learn from).
+            await asyncio.gather(*(gc.submit(op(s, i), within=0, peer=f"n{i}") for i in range(4)))
+            c0 = s.io.commits
+            three = [gc.submit(op(s, i), peer=f"n{i}") for i in range(3)]
+            await settle(gc)
+            seen["three_done"] = any(f.done() for f in three)
+            await asyncio.gather(*three, gc.submit(op(s, 3), peer="n3"))
+            seen["four_commits"] = s.io.commits - c0
+
+        gc.close()
+        await task
+        # One producer with eight in flight, learnt; then four of them fill a group.
+        gc, task = await running(s, commit_delay=3600)
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(gc.submit(op(s, i), within=0, peer="p") for i in range(8)))
+            c0 = s.io.commits
+            first = [gc.submit(op(s, i), peer="p") for i in range(3)]
+            await settle(gc)
+            seen["p_three_done"] = any(f.done() for f in first)
+            await asyncio.gather(*first, gc.submit(op(s, 3), peer="p"))
+            seen["p_commits"] = s.io.commits - c0
+        gc.close()
+        await task
+        return seen
+
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        seen = asyncio.run(main(s))
+    assert seen == {
+        "three_done": False,
+        "four_commits": 1,
+        "p_three_done": False,
+        "p_commits": 1,
+    }

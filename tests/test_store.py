@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 from pubcomp.sync.session import Outgoing, OutState
-from pubcomp.sync.store import QUEUED, Message, Reading, Store, StoreFull
+from pubcomp.sync.store import (
+    QUEUED,
+    ROW_BYTES,
+    ROW_READINGS,
+    Message,
+    Reading,
+    Store,
+    StoreFull,
+    unpack_body,
+)
 
 
 def readings(n: int, start: int = 0) -> list[Reading]:
@@ -372,6 +381,30 @@ def test_packed_rows_are_split_for_a_small_broker_and_keep_their_seqs(tmp_path: 
         assert all(len(body) <= 600 for _, _, body in rows)
         assert rows[0][0] == 1 and sum(n for _, n, _ in rows) == 40
         assert s.readings_between(1, 40) == before  # the same ids (gw/epoch/seq), in order
+
+
+def test_a_row_holds_at_most_its_readings_and_bytes_and_keeps_the_order(tmp_path: Path) -> None:
+    """One append of 250 readings with long sensor names: rows of at most ROW_READINGS
+    readings and ROW_BYTES of encoded readings, contiguous seqs, every reading in order,
+    and each row's marks from its own readings only."""
+    name = "s" * 150  # 100 such readings encode to about 25 kB: more than a row holds
+    batch = [
+        Reading(f"{name}{i}", float(i), "2026-11-21T00:00:00.000Z", "C", flags=["late"] * (i == 7))
+        for i in range(250)
+    ]
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        assert s.append(batch) == (1, 250)
+        rows = s._rdb.execute("SELECT seq, n, marks FROM outbox ORDER BY seq").fetchall()
+        bodies = [unpack_body(b) for b in s.bodies_between(1, 250)]
+        got = s.readings_between(1, 250)
+    assert len(rows) > 3  # 250 readings need 3 rows by count; the bytes split more
+    assert all(n <= ROW_READINGS for _, n, _ in rows)
+    assert all(len(body) <= ROW_BYTES for body in bodies)
+    assert rows[0][0] == 1 and sum(n for _, n, _ in rows) == 250
+    assert [seq for seq, _, _ in rows][1:] == [seq + n for seq, n, _ in rows][:-1]
+    assert [r["sensor"] for r in got] == [f"{name}{i}" for i in range(250)]
+    assert [r["id"] for r in got] == [f"gw/{s.epoch}/{i}" for i in range(1, 251)]
+    assert [marks for _, _, marks in rows].count("late") == 1
 
 
 def test_stats_count_a_completed_message_as_delivered_before_its_lazy_deletion(
