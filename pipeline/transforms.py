@@ -160,7 +160,14 @@ ROLLUP_COLUMNS = [f.name for f in ROLLUP_FIELDS]
 
 
 def parse_landing(lines: DataFrame) -> DataFrame:
-    """Typed times and the first reason (if any) the line cannot be kept."""
+    """Each line typed, with the first reason (if any) it cannot be kept.
+
+    Only what the later steps read: a keepable line's fields with typed times
+    (``ts_t``, ``received_t``), and for a line that is not kept its ``reason``
+    and its text (``line``: the raw line when it did not parse, else the fields
+    as JSON, made for these lines only). The raw ``ts`` and ``received`` strings
+    are left out: a batch caches this, and on clean data they would be most of it.
+    """
     ts = F.try_to_timestamp("ts", F.lit(TS_FORMAT))
     received = F.try_to_timestamp("received", F.lit(TS_FORMAT))
     reason = (
@@ -177,14 +184,26 @@ def parse_landing(lines: DataFrame) -> DataFrame:
             F.lit("ts_in_future"),
         )
     )
-    return lines.select("*", ts.alias("ts_t"), received.alias("received_t"), reason.alias("reason"))
+    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*LANDING_SCHEMA.names[:-1])))
+    return lines.select(
+        "id",
+        "origin",
+        "sensor",
+        "value",
+        "unit",
+        "flags",
+        "gateway",
+        ts.alias("ts_t"),
+        received.alias("received_t"),
+        reason.alias("reason"),
+        F.when(reason.isNotNull(), line).alias("line"),
+    )
 
 
 def quarantined(parsed: DataFrame, batch: int) -> DataFrame:
-    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*LANDING_SCHEMA.names[:-1])))
     return parsed.where(F.col("reason").isNotNull()).select(
         "reason",
-        line.alias("line"),
+        "line",
         "id",
         "origin",
         "sensor",
