@@ -130,50 +130,63 @@ class Pipeline:
         # One cache: the lines parsed once (every later step reads this, not the JSON).
         parsed = T.parse_landing(lines).withColumn("_file", F.input_file_name()).persist()
         try:
+            good_bucket = F.when(F.col("reason").isNull(), T.id_bucket(F.col("id")))
             counts = parsed.agg(
-                F.count(F.lit(1)), F.countDistinct("_file"), F.count_if(F.col("reason").isNull())
+                F.count(F.lit(1)),
+                F.countDistinct("_file"),
+                F.count_if(F.col("reason").isNull()),
+                F.collect_set(good_bucket),
             ).first()
-            n_lines, n_files, n_good = (int(c) for c in counts)  # type: ignore[union-attr]
+            assert counts is not None
+            n_lines, n_files, n_good = (int(c) for c in counts[:3])
             if n_lines == 0:
                 return
             s.batches.append(batch_id)
             s.lines_in += n_lines
             s.files += n_files
-            bad = T.quarantined(parsed, batch_id)
-            bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
-            self._readings(T.valid_readings(parsed, batch_id), n_good, batch_id)
+            s.quarantined += n_lines - n_good
+            # A batch with nothing to quarantine writes no partition: skip the pass,
+            # once the table exists (the report reads it).
+            if n_lines > n_good or not self._exists("quarantine"):
+                bad = T.quarantined(parsed, batch_id)
+                bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
+            buckets = sorted(int(b) for b in counts[3])
+            self._readings(T.valid_readings(parsed, batch_id), n_good, buckets, batch_id)
         finally:
             parsed.unpersist()
 
-    def _readings(self, good: DataFrame, n_good: int, batch_id: int) -> None:
+    def _readings(self, good: DataFrame, n_good: int, buckets: list[int], batch_id: int) -> None:
         s = self.summary
         s.readings_in += n_good
-        s.quarantined = self._count_quarantined()
         candidates = T.first_copy_per_id(good)
-        prior = self._seen(good, batch_id)
+        prior = self._seen(buckets, batch_id)
         displaced: DataFrame | None = None
-        decided: DataFrame | None = None
         if prior is None:
             new = candidates.persist()
+            kept = new
         else:
-            decided = T.against_seen(candidates, prior).persist()
-            new = T.winners(decided)
-            displaced = T.displaced(decided)
+            # Checkpointed, not cached: writing seen_ids (read by this plan) would drop
+            # a cache, and every later step would read the index and join again.
+            kept = T.against_seen(candidates, prior).localCheckpoint(eager=False)
+            new = T.winners(kept)
+            displaced = T.displaced(kept)
         try:
-            n_new = new.count()
-            n_displaced = 0 if displaced is None else int(displaced.count())
+            # One pass for what the batch keeps and where: its hours, and the
+            # (date, hour, batch) partitions of the copies it displaces.
+            n_new, n_displaced = 0, 0
+            hours: set[tuple[str, int]] = set()
+            moved: set[tuple[str, int, int]] = set()
+            for r in _placement(kept if prior is not None else new, prior is not None):
+                n_new += r["n"]
+                hours.add((r["date"], r["hour"]))
+                if r["kept_date"] is not None:
+                    n_displaced += r["n"]
+                    moved.add((r["kept_date"], r["kept_hour"], r["kept_batch"]))
+            hours |= {(d, h) for d, h, _ in moved}
             s.readings_written += n_new
             s.displaced += n_displaced
             # A displaced copy is a duplicate removed too: the id's count stays one.
             s.duplicates_removed += n_good - n_new + n_displaced
-            hours = {(r.date, r.hour) for r in new.select("date", "hour").distinct().collect()}
-            moved: list[tuple[str, int, int]] = []
-            if displaced is not None:
-                moved = [
-                    (r.date, r.hour, r.batch)
-                    for r in displaced.select("date", "hour", "batch").distinct().collect()
-                ]
-                hours |= {(d, h) for d, h, _ in moved}
             # 1. The index first: a replay of this batch reads the index without its own rows.
             if n_new:
                 self._write_seen(prior, new, batch_id)
@@ -185,17 +198,18 @@ class Pipeline:
             T.quality(good, new, batch_id, displaced).coalesce(1).write.mode(
                 "overwrite"
             ).partitionBy("batch").parquet(self.path("quality"))
-            s.partitions_rewritten["readings"] += len({(d, h) for d, h in hours})
+            s.partitions_rewritten["readings"] += len(hours)
             crash_point("pipeline_readings_written")
             # 3. Copies received after the one this batch brought leave their hours.
             if moved and displaced is not None:
-                self._remove_displaced(displaced, moved)
+                self._remove_displaced(displaced, sorted(moved))
             crash_point("pipeline_displaced_removed")
             self._rollups(sorted(hours), new, batch_id)
             if n_new:
                 self._drop_old_seen(batch_id)
         finally:
-            (new if decided is None else decided).unpersist()
+            if prior is None:
+                new.unpersist()
 
     def _rollups(self, hours: list[tuple[str, int]], new: DataFrame, batch_id: int) -> None:
         """Rollups of every hour the batch changed, from all of those hours' readings."""
@@ -240,17 +254,11 @@ class Pipeline:
                 )
         return {b: sorted(g) for b, g in gens.items()}
 
-    def _seen(self, good: DataFrame, batch_id: int) -> DataFrame | None:
+    def _seen(self, buckets: list[int], batch_id: int) -> DataFrame | None:
         """The index of the buckets the batch's ids fall in, as earlier batches left it."""
         gens = self._seen_generations()
-        if not gens:  # the first batch: no scan of the batch for its buckets
-            return None
-        buckets = [r[0] for r in good.select(T.id_bucket(F.col("id"))).distinct().collect()]
-        paths = [
-            f"{self.path('seen_ids')}/bucket={b}/gen={gens[b][-1]}"
-            for b in sorted(buckets)
-            if b in gens
-        ]
+        root = self.path("seen_ids")
+        paths = [f"{root}/bucket={b}/gen={gens[b][-1]}" for b in buckets if b in gens]
         if not paths:
             return None
         seen = (
@@ -337,13 +345,6 @@ class Pipeline:
     def _exists(self, name: str) -> bool:
         return path_exists(self.spark, self.path(name))
 
-    def _count_quarantined(self) -> int:
-        if not self._exists("quarantine"):
-            return 0
-        batches = self.summary.batches
-        q = self.spark.read.schema(T.QUARANTINE_SCHEMA).parquet(self.path("quarantine"))
-        return int(q.where(F.col("batch").isin(batches)).count())
-
     def _write_summary(self) -> None:
         runs = Path(self.path("_runs")) if "://" not in self.wh else None
         data = json.dumps(asdict(self.summary), indent=2)
@@ -355,6 +356,30 @@ class Pipeline:
         runs.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         (runs / f"run-{stamp}.json").write_text(data + "\n")
+
+
+def _placement(df: DataFrame, decided: bool) -> list[Any]:
+    """Rows kept per (date, hour), and per partition of the copy each displaces (if any)."""
+    if not decided:
+        none = F.lit(None)
+        return (
+            df.groupBy("date", "hour")
+            .agg(F.count(F.lit(1)).alias("n"))
+            .select("*", none.alias("kept_date"), none.alias("kept_hour"), none.alias("kept_batch"))
+            .collect()
+        )
+    return (
+        df.where(F.col("wins"))
+        .groupBy(
+            "date",
+            "hour",
+            F.col("kept.date").alias("kept_date"),
+            F.col("kept.hour").alias("kept_hour"),
+            F.col("kept.batch").alias("kept_batch"),
+        )
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    )
 
 
 def run(landing: str, warehouse: str, master: str | None = None) -> RunSummary:
