@@ -204,15 +204,25 @@ class Pipeline:
             if moved and displaced is not None:
                 self._remove_displaced(displaced, sorted(moved))
             crash_point("pipeline_displaced_removed")
-            self._rollups(sorted(hours), new, batch_id)
+            self._rollups(sorted(hours), new, batch_id, emptied=bool(moved))
             if n_new:
                 self._drop_old_seen(batch_id)
         finally:
             if prior is None:
                 new.unpersist()
 
-    def _rollups(self, hours: list[tuple[str, int]], new: DataFrame, batch_id: int) -> None:
-        """Rollups of every hour the batch changed, from all of those hours' readings."""
+    def _rollups(
+        self, hours: list[tuple[str, int]], new: DataFrame, batch_id: int, emptied: bool
+    ) -> None:
+        """Rollups of every hour the batch changed, from all of those hours' readings.
+
+        ``rollup_1m`` of those hours from their readings; ``rollup_1h`` of their dates
+        from those minutes, plus the dates' other hours as ``rollup_1h`` holds them (an
+        hour's minutes change only when the hour is touched, so its row is what its
+        minutes would give); ``rollup_1d`` from those hours. Nothing written is read
+        back. ``emptied``: the batch displaced copies, so an hour (or a day) may have
+        lost its last reading; its rollup partitions are deleted.
+        """
         if not hours:
             return
         s = self.summary
@@ -220,19 +230,40 @@ class Pipeline:
         if self._exists("readings"):
             earlier = self._table("readings", T.READINGS_SCHEMA, hours)
             readings = earlier.where(F.col("batch") != batch_id).unionByName(readings)
-        T.rollup_minutes(readings).write.mode("overwrite").partitionBy("date", "hour").parquet(
-            self.path("rollup_1m")
-        )
-        s.partitions_rewritten["rollup_1m"] += len(hours)
         dates = sorted({d for d, _ in hours})
-        minutes = self._table("rollup_1m", T.ROLLUP_1M_SCHEMA, dates=dates)
-        T.rollup_up(minutes, "hour").write.mode("overwrite").partitionBy("date").parquet(
-            self.path("rollup_1h")
-        )
-        hours_t = self._table("rollup_1h", T.ROLLUP_DAY_SCHEMA, dates=dates)
-        T.rollup_up(hours_t, "day").write.mode("overwrite").partitionBy("date").parquet(
-            self.path("rollup_1d")
-        )
+        minutes = T.rollup_minutes(readings).persist()
+        by_hour = T.rollup_up(minutes, "hour")
+        try:
+            minutes.write.mode("overwrite").partitionBy("date", "hour").parquet(
+                self.path("rollup_1m")
+            )
+            if self._exists("rollup_1h"):
+                hourly = self._table("rollup_1h", T.ROLLUP_DAY_SCHEMA, dates=dates)
+                by_hour = T.other_hours(hourly, self._hours_frame(hours)).unionByName(by_hour)
+            by_hour = by_hour.persist()
+            present: set[tuple[str, int]] = set()
+            if emptied:
+                present = {
+                    (r.date, r.hour)
+                    for r in by_hour.select("date", F.hour("window_start").alias("hour"))
+                    .distinct()
+                    .collect()
+                }
+            # The days first: the cache reads rollup_1h, which the next write replaces.
+            T.rollup_up(by_hour, "day").write.mode("overwrite").partitionBy("date").parquet(
+                self.path("rollup_1d")
+            )
+            by_hour.write.mode("overwrite").partitionBy("date").parquet(self.path("rollup_1h"))
+        finally:
+            minutes.unpersist()
+            by_hour.unpersist()
+        if emptied:  # an hour or a day with nothing left: no rows to overwrite it with
+            for d, h in sorted(set(hours) - present):
+                self._delete(f"{self.path('rollup_1m')}/date={d}/hour={h}")
+            for d in sorted(set(dates) - {d for d, _ in present}):
+                self._delete(f"{self.path('rollup_1h')}/date={d}")
+                self._delete(f"{self.path('rollup_1d')}/date={d}")
+        s.partitions_rewritten["rollup_1m"] += len(hours)
         s.partitions_rewritten["rollup_1h"] += len(dates)
         s.partitions_rewritten["rollup_1d"] += len(dates)
 
@@ -313,14 +344,9 @@ class Pipeline:
         left.write.mode("overwrite").partitionBy("date", "hour", "batch").parquet(
             self.path("readings")
         )
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
-        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
         for d, h, b in where:
             if (d, h, b) not in remaining:  # every copy in it was displaced: the partition goes
-                p = jvm.org.apache.hadoop.fs.Path(
-                    f"{self.path('readings')}/date={d}/hour={h}/batch={b}"
-                )
-                p.getFileSystem(conf).delete(p, True)
+                self._delete(f"{self.path('readings')}/date={d}/hour={h}/batch={b}")
 
     # ------------------------------------------------------------ tables
 
@@ -334,13 +360,22 @@ class Pipeline:
         df = self.spark.read.schema(schema).parquet(self.path(name))
         if hours is not None:
             dates = sorted({d for d, _ in hours})
-            wanted = self.spark.createDataFrame(hours, "date string, hour int")
             df = df.where(F.col("date").isin(dates)).join(
-                F.broadcast(wanted), ["date", "hour"], "left_semi"
+                F.broadcast(self._hours_frame(hours)), ["date", "hour"], "left_semi"
             )
         elif dates is not None:
             df = df.where(F.col("date").isin(dates))
         return df
+
+    def _hours_frame(self, hours: list[tuple[str, int]]) -> DataFrame:
+        return self.spark.createDataFrame(hours, "date string, hour int")
+
+    def _delete(self, path: str) -> None:
+        """Delete a directory through Hadoop's file system (nothing if it is not there)."""
+        jvm = self.spark._jvm  # type: ignore[attr-defined]
+        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        p = jvm.org.apache.hadoop.fs.Path(path)
+        p.getFileSystem(conf).delete(p, True)
 
     def _exists(self, name: str) -> bool:
         return path_exists(self.spark, self.path(name))

@@ -366,6 +366,13 @@ def quality(
     )
 
 
+def other_hours(hourly: DataFrame, hours: DataFrame) -> DataFrame:
+    """The rows of an hourly rollup outside the given (``date``, ``hour``) pairs."""
+    touched = F.broadcast(hours.select(F.col("date").alias("_d"), F.col("hour").alias("_h")))
+    inside = (F.col("date") == F.col("_d")) & (F.hour("window_start") == F.col("_h"))
+    return hourly.join(touched, inside, "left_anti")
+
+
 def _first_last(ts: Column, tie: Column, value: Column) -> list[Column]:
     first = F.min_by(F.struct(value.alias("v"), ts.alias("t")), F.struct(ts, tie))
     last = F.max_by(F.struct(value.alias("v"), ts.alias("t")), F.struct(ts, tie))

@@ -278,3 +278,22 @@ def test_a_run_killed_while_displacing_copies_converges_when_rerun(
     assert readings.count() == 200 and readings.select("id").distinct().count() == 200
     assert _rollup_count(spark, wh, "rollup_1d") == 200
     _agrees(landing, wh)
+
+
+def test_an_hour_whose_every_copy_is_displaced_leaves_the_rollups(
+    spark: Any, tmp_path: Path
+) -> None:
+    """All of an hour's kept copies replaced by copies received earlier, in another hour and day."""
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    _land(landing, "run1", _clockless_node_copies(list(range(40)), t0 + timedelta(days=1)))
+    _land(landing, "other", _clockless_node_copies(list(range(100, 140)), t0 + timedelta(hours=2)))
+    _run(spark, landing, wh)
+    _land(landing, "run2", _clockless_node_copies(list(range(40)), t0, gateway="gw-z"))
+    s = _run(spark, landing, wh)
+    assert s["readings_written"] == 40 and s["displaced"] == 40
+    assert not list((wh / "readings").glob("date=2026-11-21/**/*.parquet"))
+    for table in ("rollup_1m", "rollup_1h", "rollup_1d"):
+        assert _rollup_count(spark, wh, table) == 80, table
+        assert not list((wh / table).glob("date=2026-11-21/**/*.parquet")), table
+    _agrees(landing, wh)
