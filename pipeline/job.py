@@ -94,6 +94,10 @@ def spark_session(master: str | None = None, app: str = "pubcomp-pipeline") -> S
 
 
 class Pipeline:
+    # A bucket of the seen-id index gets a generation (a file) per batch that keeps
+    # copies in it; one that has this many is rewritten whole when next touched.
+    seen_max_generations = 8
+
     def __init__(self, spark: SparkSession, landing: str, warehouse: str) -> None:
         self.spark = spark
         self.landing = landing
@@ -159,7 +163,9 @@ class Pipeline:
         s = self.summary
         s.readings_in += n_good
         candidates = T.first_copy_per_id(good)
-        prior = self._seen(buckets, batch_id)
+        index = self._seen_generations()
+        prior = self._seen(index, buckets, batch_id)
+        compact = self._to_compact(index, buckets, batch_id)
         displaced: DataFrame | None = None
         if prior is None:
             new = candidates.persist()
@@ -188,8 +194,8 @@ class Pipeline:
             # A displaced copy is a duplicate removed too: the id's count stays one.
             s.duplicates_removed += n_good - n_new + n_displaced
             # 1. The index first: a replay of this batch reads the index without its own rows.
-            if n_new:
-                self._write_seen(prior, new, batch_id)
+            if n_new or compact:
+                self._write_seen(prior, new, compact, index, batch_id)
             crash_point("pipeline_seen_written")
             # 2. This batch's readings, and its quality row (displaced copies taken off).
             new.write.mode("overwrite").partitionBy("date", "hour", "batch").parquet(
@@ -205,8 +211,7 @@ class Pipeline:
                 self._remove_displaced(displaced, sorted(moved))
             crash_point("pipeline_displaced_removed")
             self._rollups(sorted(hours), new, batch_id, emptied=bool(moved))
-            if n_new:
-                self._drop_old_seen(batch_id)
+            self._drop_compacted(index, compact, batch_id)
         finally:
             if prior is None:
                 new.unpersist()
@@ -270,7 +275,7 @@ class Pipeline:
     # ------------------------------------------------------------ seen-id index
 
     def _seen_generations(self) -> dict[int, list[int]]:
-        """Bucket -> its generations on disk (the batches that wrote it), newest last."""
+        """Bucket -> its generations on disk (the batches that wrote them), oldest first."""
         jvm = self.spark._jvm  # type: ignore[attr-defined]
         conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
         pattern = jvm.org.apache.hadoop.fs.Path(self.path("seen_ids") + "/bucket=*/gen=*")
@@ -285,48 +290,65 @@ class Pipeline:
                 )
         return {b: sorted(g) for b, g in gens.items()}
 
-    def _seen(self, buckets: list[int], batch_id: int) -> DataFrame | None:
-        """The index of the buckets the batch's ids fall in, as earlier batches left it."""
-        gens = self._seen_generations()
+    def _seen(
+        self, index: dict[int, list[int]], buckets: list[int], batch_id: int
+    ) -> DataFrame | None:
+        """The index of the buckets the batch's ids fall in: every generation of each."""
         root = self.path("seen_ids")
-        paths = [f"{root}/bucket={b}/gen={gens[b][-1]}" for b in buckets if b in gens]
+        paths = [f"{root}/bucket={b}" for b in buckets if b in index]
         if not paths:
             return None
-        seen = (
-            self.spark.read.schema(T.SEEN_SCHEMA)
-            .option("basePath", self.path("seen_ids"))
-            .parquet(*paths)
-        )
+        seen = self.spark.read.schema(T.SEEN_SCHEMA).option("basePath", root).parquet(*paths)
         # Without this batch's own rows: a replay decides as its first attempt did.
         return seen.where(F.col("batch") != batch_id).select(*T.SEEN_COLUMNS)
 
-    def _write_seen(self, prior: DataFrame | None, new: DataFrame, batch_id: int) -> None:
-        """A new generation of every bucket the batch kept copies in: the old rows plus its own.
+    def _to_compact(
+        self, index: dict[int, list[int]], buckets: list[int], batch_id: int
+    ) -> list[int]:
+        """The batch's buckets it rewrites whole: those with ``seen_max_generations`` already,
+        and on a replay those it wrote before it was killed (a whole bucket is never
+        overwritten with the batch's rows alone: the older generations may be gone)."""
+        limit = self.seen_max_generations
+        return [
+            b for b in buckets if b in index and (len(index[b]) >= limit or batch_id in index[b])
+        ]
 
-        Written whole before the older generations are deleted, so a crash leaves
-        either generation readable, and either read without this batch's rows is
-        the same index. Displaced rows stay (the earliest copy per id is the kept
-        one): a replay must see what the first attempt saw.
+    def _write_seen(
+        self,
+        prior: DataFrame | None,
+        new: DataFrame,
+        compact: list[int],
+        index: dict[int, list[int]],
+        batch_id: int,
+    ) -> None:
+        """Generation ``batch_id`` of each bucket the batch kept copies in: its own rows, and
+        for a bucket it compacts every older generation's rows as well.
+
+        Written whole before anything else, and an older generation is deleted only at
+        the end of the batch, once the compacted one holds its rows. Displaced rows
+        stay (the earliest copy per id is the kept one): a replay must see what the
+        first attempt saw.
         """
         rows = T.seen_rows(new, batch_id)
-        if prior is not None:
-            touched = rows.select("bucket").distinct()
-            rows = prior.join(F.broadcast(touched), "bucket", "left_semi").unionByName(rows)
+        if prior is not None and compact:
+            old = prior.where(F.col("bucket").isin(compact))
+            if any(batch_id in index[b] for b in compact):
+                # A replay: a compacted generation and the ones it replaced may both be
+                # there, so a row may be read twice. An id is kept once per batch.
+                old = old.dropDuplicates(["id", "batch"])
+            rows = old.unionByName(rows)
         rows.withColumn("gen", F.lit(batch_id).cast("long")).repartition("bucket").write.mode(
             "overwrite"
         ).partitionBy("bucket", "gen").parquet(self.path("seen_ids"))
 
-    def _drop_old_seen(self, batch_id: int) -> None:
-        """Delete the generations this batch's superseded (at the end: nothing reads them now)."""
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
-        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-        for bucket, gens in self._seen_generations().items():
-            if gens[-1] != batch_id:
-                continue
-            for g in gens[:-1]:
-                path = f"{self.path('seen_ids')}/bucket={bucket}/gen={g}"
-                p = jvm.org.apache.hadoop.fs.Path(path)
-                p.getFileSystem(conf).delete(p, True)
+    def _drop_compacted(
+        self, index: dict[int, list[int]], compact: list[int], batch_id: int
+    ) -> None:
+        """Delete the generations the batch compacted (at the end: nothing reads them now)."""
+        for b in compact:
+            for g in index[b]:
+                if g != batch_id:
+                    self._delete(f"{self.path('seen_ids')}/bucket={b}/gen={g}")
 
     def _remove_displaced(self, displaced: DataFrame, where: list[tuple[str, int, int]]) -> None:
         """Rewrite each (date, hour, batch) partition that holds a displaced copy without it."""

@@ -297,3 +297,59 @@ def test_an_hour_whose_every_copy_is_displaced_leaves_the_rollups(
         assert _rollup_count(spark, wh, table) == 80, table
         assert not list((wh / table).glob("date=2026-11-21/**/*.parquet")), table
     _agrees(landing, wh)
+
+
+def _seen_generations(wh: Path) -> dict[str, list[str]]:
+    return {
+        b.name: sorted(g.name for g in b.glob("gen=*"))
+        for b in sorted((wh / "seen_ids").glob("bucket=*"))
+    }
+
+
+def test_index_buckets_are_compacted_and_a_run_killed_while_compacting_converges(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bucket takes a generation per batch up to the limit, then is rewritten whole.
+
+    The batch that compacts is stopped after deleting only one of the generations it
+    replaced (the compacted one and the other both still there): the replay must
+    neither lose nor repeat a row of the index.
+    """
+    monkeypatch.setattr(Pipeline, "seen_max_generations", 2)
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    # One epoch (node7/0: ids 0-49), so one bucket: gen 0, then gen 1.
+    _land(landing, "run0", _clockless_node_copies(list(range(25)), t0 + timedelta(hours=2)))
+    _run(spark, landing, wh)
+    _land(landing, "run1", _clockless_node_copies(list(range(25, 50)), t0 + timedelta(hours=3)))
+    _run(spark, landing, wh)
+    (bucket,) = _seen_generations(wh)
+    assert _seen_generations(wh)[bucket] == ["gen=0", "gen=1"]
+    # Batch 2 brings copies received earlier (they displace ten kept ones) and compacts.
+    _land(landing, "run2", _clockless_node_copies(list(range(10)), t0, gateway="gw-z"))
+    real_drop = Pipeline._drop_compacted
+
+    def killed_midway(self: Pipeline, index: Any, compact: list[int], batch_id: int) -> None:
+        self._delete(f"{self.path('seen_ids')}/{bucket}/gen=0")
+        raise RuntimeError("killed while deleting the compacted generations")
+
+    monkeypatch.setattr(Pipeline, "_drop_compacted", killed_midway)
+    with pytest.raises(Exception, match="killed while deleting"):
+        _run(spark, landing, wh)
+    assert _seen_generations(wh)[bucket] == ["gen=1", "gen=2"]
+    monkeypatch.setattr(Pipeline, "_drop_compacted", real_drop)
+    s = _run(spark, landing, wh)  # replays batch 2
+    assert s["batches"] == [2] and s["readings_written"] == 10 and s["displaced"] == 10
+    assert _seen_generations(wh)[bucket] == ["gen=2"]
+    seen = spark.read.parquet(str(wh / "seen_ids"))
+    assert seen.count() == 60  # 50 kept by batches 0 and 1 (ten since displaced), 10 by batch 2
+    assert seen.select("id", "batch").distinct().count() == 60
+    # Later copies of the same ids lose; another batch adds a generation again.
+    _land(landing, "run3", _clockless_node_copies(list(range(20)), t0 + timedelta(hours=5)))
+    s = _run(spark, landing, wh)
+    assert s["readings_written"] == 0 and s["duplicates_removed"] == 20
+    _land(landing, "run4", _clockless_node_copies(list(range(30, 45)), t0, gateway="gw-y"))
+    s = _run(spark, landing, wh)
+    assert s["readings_written"] == 15 and s["displaced"] == 15
+    assert _seen_generations(wh)[bucket] == ["gen=2", "gen=4"]
+    _agrees(landing, wh)
