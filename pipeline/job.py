@@ -198,9 +198,11 @@ class Pipeline:
                 self._write_seen(prior, new, compact, index, batch_id)
             crash_point("pipeline_seen_written")
             # 2. This batch's readings, and its quality row (displaced copies taken off).
-            new.write.mode("overwrite").partitionBy("date", "hour", "batch").parquet(
-                self.path("readings")
-            )
+            # One file per hour (a task per hour), not one per hour and task: on this
+            # kind of job the files cost more than the rows.
+            new.repartition("date", "hour").write.mode("overwrite").partitionBy(
+                "date", "hour", "batch"
+            ).parquet(self.path("readings"))
             T.quality(good, new, batch_id, displaced).coalesce(1).write.mode(
                 "overwrite"
             ).partitionBy("batch").parquet(self.path("quality"))
@@ -236,7 +238,8 @@ class Pipeline:
             earlier = self._table("readings", T.READINGS_SCHEMA, hours)
             readings = earlier.where(F.col("batch") != batch_id).unionByName(readings)
         dates = sorted({d for d, _ in hours})
-        minutes = T.rollup_minutes(readings).persist()
+        # By hour, so the minutes are aggregated in place and written a file per hour.
+        minutes = T.rollup_minutes(readings.repartition("date", "hour")).persist()
         by_hour = T.rollup_up(minutes, "hour")
         try:
             minutes.write.mode("overwrite").partitionBy("date", "hour").parquet(
@@ -244,7 +247,7 @@ class Pipeline:
             )
             if self._exists("rollup_1h"):
                 hourly = self._table("rollup_1h", T.ROLLUP_DAY_SCHEMA, dates=dates)
-                by_hour = T.other_hours(hourly, self._hours_frame(hours)).unionByName(by_hour)
+                by_hour = T.other_hours(hourly, hours).unionByName(by_hour)
             by_hour = by_hour.persist()
             present: set[tuple[str, int]] = set()
             if emptied:
@@ -381,16 +384,11 @@ class Pipeline:
     ) -> DataFrame:
         df = self.spark.read.schema(schema).parquet(self.path(name))
         if hours is not None:
-            dates = sorted({d for d, _ in hours})
-            df = df.where(F.col("date").isin(dates)).join(
-                F.broadcast(self._hours_frame(hours)), ["date", "hour"], "left_semi"
-            )
+            # On the partition columns only: the other hours' files are pruned, not read.
+            df = df.where(T.in_hours(F.col("date"), F.col("hour"), hours))
         elif dates is not None:
             df = df.where(F.col("date").isin(dates))
         return df
-
-    def _hours_frame(self, hours: list[tuple[str, int]]) -> DataFrame:
-        return self.spark.createDataFrame(hours, "date string, hour int")
 
     def _delete(self, path: str) -> None:
         """Delete a directory through Hadoop's file system (nothing if it is not there)."""

@@ -366,11 +366,16 @@ def quality(
     )
 
 
-def other_hours(hourly: DataFrame, hours: DataFrame) -> DataFrame:
+def in_hours(date: Column, hour: Column, hours: list[tuple[str, int]]) -> Column:
+    """True for a (``date``, ``hour``) among ``hours`` (a literal list: no join, and on
+    partition columns it prunes partitions)."""
+    wanted = [F.struct(F.lit(d).alias("d"), F.lit(h).alias("h")) for d, h in hours]
+    return F.struct(date.alias("d"), hour.alias("h")).isin(*wanted)
+
+
+def other_hours(hourly: DataFrame, hours: list[tuple[str, int]]) -> DataFrame:
     """The rows of an hourly rollup outside the given (``date``, ``hour``) pairs."""
-    touched = F.broadcast(hours.select(F.col("date").alias("_d"), F.col("hour").alias("_h")))
-    inside = (F.col("date") == F.col("_d")) & (F.hour("window_start") == F.col("_h"))
-    return hourly.join(touched, inside, "left_anti")
+    return hourly.where(~in_hours(F.col("date"), F.hour("window_start"), hours))
 
 
 def _first_last(ts: Column, tie: Column, value: Column) -> list[Column]:
@@ -397,10 +402,14 @@ def _rollup_select(grouped_cols: list[str], extra: list[Column]) -> list[Column]
 
 
 def rollup_minutes(readings: DataFrame) -> DataFrame:
-    """Per origin, sensor and minute, from deduplicated readings."""
+    """Per origin, sensor and minute, from deduplicated readings.
+
+    Grouped by the readings' ``date`` and ``hour`` too (a minute lies in one), so
+    readings partitioned by hour are aggregated where they are, without a shuffle.
+    """
     r = readings.where(F.col("value").isNotNull())
     window = F.date_trunc("minute", "ts").alias("window_start")
-    agg = r.groupBy("origin", "sensor", window).agg(
+    agg = r.groupBy("date", "hour", "origin", "sensor", window).agg(
         F.count("value").cast(LongType()).alias("count"),
         F.min("value").alias("min"),
         F.max("value").alias("max"),
@@ -409,13 +418,7 @@ def rollup_minutes(readings: DataFrame) -> DataFrame:
         F.max("unit").alias("unit"),
     )
     return agg.select(
-        _rollup_select(
-            ["origin", "sensor", "window_start"],
-            [
-                F.date_format("window_start", "yyyy-MM-dd").alias("date"),
-                F.hour("window_start").alias("hour"),
-            ],
-        )
+        _rollup_select(["origin", "sensor", "window_start"], [F.col("date"), F.col("hour")])
     )
 
 
