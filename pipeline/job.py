@@ -12,9 +12,13 @@ write:
   (its partition is rewritten without it). The batch's own rows go to
   ``batch=batch_id``, so a replayed batch (a run killed after writing, before
   the checkpoint committed) rewrites only itself and what it displaced;
+- ``seen_ids`` (by bucket/gen): a generation per batch of each bucket it kept
+  copies in, holding its own rows; a bucket with ``seen_max_generations`` is
+  compacted into one when next touched;
 - ``rollup_1m`` recomputed from ``readings`` for the hours the batch changed
-  (its kept copies' and its displaced copies'); ``rollup_1h`` from
-  ``rollup_1m`` and ``rollup_1d`` from ``rollup_1h`` for those dates;
+  (its kept copies' and its displaced copies'); ``rollup_1h`` of those dates
+  from those minutes and the dates' other hours in ``rollup_1h``; ``rollup_1d``
+  from those hours (nothing written is read back);
 - ``quarantine`` (by batch): lines that cannot be kept, with the reason;
 - ``quality`` (by batch): per origin and sensor, lines in, kept, duplicates
   removed, late and clock-flagged readings (what ``pubcomp pipeline report``

@@ -112,8 +112,9 @@ QUARANTINE_SCHEMA = StructType(
 )
 
 # The seen-id index: one row per copy a batch kept, in the bucket of its id's
-# ``{origin}/{epoch}`` prefix (256 buckets, a file each: docs/pipeline.md), one
-# generation (``gen``: the batch that wrote it) per bucket. ``late`` and ``clock``
+# ``{origin}/{epoch}`` prefix (256 buckets: docs/pipeline.md), in generations
+# (``gen``: the batch that wrote it, a file each): a batch's own rows, or after a
+# compaction all of the bucket's up to that batch. ``late`` and ``clock``
 # let a later batch that displaces the copy correct the quality counts without
 # reading ``readings``.
 SEEN_BUCKETS = 256
