@@ -353,3 +353,25 @@ def test_index_buckets_are_compacted_and_a_run_killed_while_compacting_converges
     assert s["readings_written"] == 15 and s["displaced"] == 15
     assert _seen_generations(wh)[bucket] == ["gen=2", "gen=4"]
     _agrees(landing, wh)
+
+
+def test_what_a_killed_index_write_left_uncommitted_is_not_merged_by_the_next(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The index is appended to: a task output a killed job had committed under
+    ``_temporary`` (its job never was) must not land in the next batch's generation."""
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    _land(landing, "run0", _clockless_node_copies(list(range(25)), t0))
+    _run(spark, landing, wh)
+    (bucket,) = _seen_generations(wh)
+    real = next((wh / "seen_ids" / bucket / "gen=0").glob("*.parquet"))
+    stale = wh / "seen_ids" / "_temporary" / "0" / "task_killed_0000" / bucket / "gen=1"
+    stale.mkdir(parents=True)
+    shutil.copy(real, stale / "part-00000-killed.c000.snappy.parquet")
+    _land(landing, "run1", _clockless_node_copies(list(range(25, 50)), t0))
+    s = _run(spark, landing, wh)
+    assert s["batches"] == [1] and s["readings_written"] == 25
+    assert not list((wh / "seen_ids").rglob("*killed*"))
+    assert spark.read.parquet(str(wh / "seen_ids")).count() == 50
+    _agrees(landing, wh)
