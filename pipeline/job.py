@@ -12,9 +12,13 @@ write:
   (its partition is rewritten without it). The batch's own rows go to
   ``batch=batch_id``, so a replayed batch (a run killed after writing, before
   the checkpoint committed) rewrites only itself and what it displaced;
+- ``seen_ids`` (by bucket/gen): a generation per batch of each bucket it kept
+  copies in, holding its own rows; a bucket with ``seen_max_generations`` is
+  compacted into one when next touched;
 - ``rollup_1m`` recomputed from ``readings`` for the hours the batch changed
-  (its kept copies' and its displaced copies'); ``rollup_1h`` from
-  ``rollup_1m`` and ``rollup_1d`` from ``rollup_1h`` for those dates;
+  (its kept copies' and its displaced copies'); ``rollup_1h`` of those dates
+  from those minutes and the dates' other hours in ``rollup_1h``; ``rollup_1d``
+  from those hours (nothing written is read back);
 - ``quarantine`` (by batch): lines that cannot be kept, with the reason;
 - ``quality`` (by batch): per origin and sensor, lines in, kept, duplicates
   removed, late and clock-flagged readings (what ``pubcomp pipeline report``
@@ -95,6 +99,10 @@ def spark_session(master: str | None = None, app: str = "pubcomp-pipeline") -> S
 
 
 class Pipeline:
+    # A bucket of the seen-id index gets a generation (a file) per batch that keeps
+    # copies in it; one that has this many is rewritten whole when next touched.
+    seen_max_generations = 8
+
     def __init__(self, spark: SparkSession, landing: str, warehouse: str) -> None:
         self.spark = spark
         self.landing = landing
@@ -131,75 +139,101 @@ class Pipeline:
         # One cache: the lines parsed once (every later step reads this, not the JSON).
         parsed = T.parse_landing(lines).withColumn("_file", F.input_file_name()).persist()
         try:
+            good_bucket = F.when(F.col("reason").isNull(), T.id_bucket(F.col("id")))
             counts = parsed.agg(
-                F.count(F.lit(1)), F.countDistinct("_file"), F.count_if(F.col("reason").isNull())
+                F.count(F.lit(1)),
+                F.countDistinct("_file"),
+                F.count_if(F.col("reason").isNull()),
+                F.collect_set(good_bucket),
             ).first()
-            n_lines, n_files, n_good = (int(c) for c in counts)  # type: ignore[union-attr]
-            if n_lines == 0:
+            if counts is None or not counts[0]:  # (a global aggregate always has one row)
                 return
+            n_lines, n_files, n_good = (int(c) for c in counts[:3])
             s.batches.append(batch_id)
             s.lines_in += n_lines
             s.files += n_files
-            bad = T.quarantined(parsed, batch_id)
-            bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
-            self._readings(T.valid_readings(parsed, batch_id), n_good, batch_id)
+            s.quarantined += n_lines - n_good
+            # A batch with nothing to quarantine writes no partition: skip the pass,
+            # once the table exists (the report reads it).
+            if n_lines > n_good or not self._exists("quarantine"):
+                bad = T.quarantined(parsed, batch_id)
+                bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
+            buckets = sorted(int(b) for b in counts[3])
+            self._readings(T.valid_readings(parsed, batch_id), n_good, buckets, batch_id)
         finally:
             parsed.unpersist()
 
-    def _readings(self, good: DataFrame, n_good: int, batch_id: int) -> None:
+    def _readings(self, good: DataFrame, n_good: int, buckets: list[int], batch_id: int) -> None:
         s = self.summary
         s.readings_in += n_good
-        s.quarantined = self._count_quarantined()
         candidates = T.first_copy_per_id(good)
-        prior = self._seen(good, batch_id)
+        index = self._seen_generations()
+        prior = self._seen(index, buckets, batch_id)
+        compact = self._to_compact(index, buckets, batch_id)
         displaced: DataFrame | None = None
-        decided: DataFrame | None = None
         if prior is None:
             new = candidates.persist()
+            kept = new
         else:
-            decided = T.against_seen(candidates, prior).persist()
-            new = T.winners(decided)
-            displaced = T.displaced(decided)
+            # Checkpointed, not cached: writing seen_ids (read by this plan) would drop
+            # a cache, and every later step would read the index and join again.
+            kept = T.against_seen(candidates, prior).localCheckpoint(eager=False)
+            new = T.winners(kept)
+            displaced = T.displaced(kept)
         try:
-            n_new = new.count()
-            n_displaced = 0 if displaced is None else int(displaced.count())
+            # One pass for what the batch keeps and where: its hours, and the
+            # (date, hour, batch) partitions of the copies it displaces.
+            n_new, n_displaced = 0, 0
+            hours: set[tuple[str, int]] = set()
+            moved: set[tuple[str, int, int]] = set()
+            for r in _placement(kept if prior is not None else new, prior is not None):
+                n_new += r["n"]
+                hours.add((r["date"], r["hour"]))
+                if r["kept_date"] is not None:
+                    n_displaced += r["n"]
+                    moved.add((r["kept_date"], r["kept_hour"], r["kept_batch"]))
+            hours |= {(d, h) for d, h, _ in moved}
             s.readings_written += n_new
             s.displaced += n_displaced
             # A displaced copy is a duplicate removed too: the id's count stays one.
             s.duplicates_removed += n_good - n_new + n_displaced
-            hours = {(r.date, r.hour) for r in new.select("date", "hour").distinct().collect()}
-            moved: list[tuple[str, int, int]] = []
-            if displaced is not None:
-                moved = [
-                    (r.date, r.hour, r.batch)
-                    for r in displaced.select("date", "hour", "batch").distinct().collect()
-                ]
-                hours |= {(d, h) for d, h, _ in moved}
             # 1. The index first: a replay of this batch reads the index without its own rows.
-            if n_new:
-                self._write_seen(prior, new, batch_id)
+            if n_new or compact:
+                self._write_seen(prior, new, compact, index, batch_id)
             crash_point("pipeline_seen_written")
             # 2. This batch's readings, and its quality row (displaced copies taken off).
-            new.write.mode("overwrite").partitionBy("date", "hour", "batch").parquet(
-                self.path("readings")
-            )
+            # One file per hour (a task per hour), not one per hour and task: on this
+            # kind of job the files cost more than the rows.
+            new.repartition("date", "hour").write.mode("overwrite").partitionBy(
+                "date", "hour", "batch"
+            ).parquet(self.path("readings"))
             T.quality(good, new, batch_id, displaced).coalesce(1).write.mode(
                 "overwrite"
             ).partitionBy("batch").parquet(self.path("quality"))
-            s.partitions_rewritten["readings"] += len({(d, h) for d, h in hours})
+            s.partitions_rewritten["readings"] += len(hours)
             crash_point("pipeline_readings_written")
             # 3. Copies received after the one this batch brought leave their hours.
             if moved and displaced is not None:
-                self._remove_displaced(displaced, moved)
+                self._remove_displaced(displaced, sorted(moved))
             crash_point("pipeline_displaced_removed")
-            self._rollups(sorted(hours), new, batch_id)
-            if n_new:
-                self._drop_old_seen(batch_id)
+            self._rollups(sorted(hours), new, batch_id, emptied=bool(moved))
+            self._drop_compacted(index, compact, batch_id)
         finally:
-            (new if decided is None else decided).unpersist()
+            if prior is None:
+                new.unpersist()
 
-    def _rollups(self, hours: list[tuple[str, int]], new: DataFrame, batch_id: int) -> None:
-        """Rollups of every hour the batch changed, from all of those hours' readings."""
+    def _rollups(
+        self, hours: list[tuple[str, int]], new: DataFrame, batch_id: int, emptied: bool
+    ) -> None:
+        """Rollups of every hour the batch changed, from all of those hours' readings.
+
+        ``rollup_1m`` of those hours from their readings; ``rollup_1h`` of their dates
+        from those minutes, plus the dates' other hours as ``rollup_1h`` holds them (an
+        hour's minutes change only when the hour is touched, so its row is what its
+        minutes would give); ``rollup_1d`` from those hours. Nothing written is read
+        back. ``emptied``: the batch displaced copies, so an hour (or a day) may have
+        lost its last reading; its rollup partitions are deleted.
+        """
         if not hours:
             return
         s = self.summary
@@ -207,26 +241,48 @@ class Pipeline:
         if self._exists("readings"):
             earlier = self._table("readings", T.READINGS_SCHEMA, hours)
             readings = earlier.where(F.col("batch") != batch_id).unionByName(readings)
-        T.rollup_minutes(readings).write.mode("overwrite").partitionBy("date", "hour").parquet(
-            self.path("rollup_1m")
-        )
-        s.partitions_rewritten["rollup_1m"] += len(hours)
         dates = sorted({d for d, _ in hours})
-        minutes = self._table("rollup_1m", T.ROLLUP_1M_SCHEMA, dates=dates)
-        T.rollup_up(minutes, "hour").write.mode("overwrite").partitionBy("date").parquet(
-            self.path("rollup_1h")
-        )
-        hours_t = self._table("rollup_1h", T.ROLLUP_DAY_SCHEMA, dates=dates)
-        T.rollup_up(hours_t, "day").write.mode("overwrite").partitionBy("date").parquet(
-            self.path("rollup_1d")
-        )
+        # By hour, so the minutes are aggregated in place and written a file per hour.
+        minutes = T.rollup_minutes(readings.repartition("date", "hour")).persist()
+        by_hour = T.rollup_up(minutes, "hour")
+        try:
+            minutes.write.mode("overwrite").partitionBy("date", "hour").parquet(
+                self.path("rollup_1m")
+            )
+            if self._exists("rollup_1h"):
+                hourly = self._table("rollup_1h", T.ROLLUP_DAY_SCHEMA, dates=dates)
+                by_hour = T.other_hours(hourly, hours).unionByName(by_hour)
+            by_hour = by_hour.persist()
+            present: set[tuple[str, int]] = set()
+            if emptied:
+                present = {
+                    (r.date, r.hour)
+                    for r in by_hour.select("date", F.hour("window_start").alias("hour"))
+                    .distinct()
+                    .collect()
+                }
+            # The days first: the cache reads rollup_1h, which the next write replaces.
+            T.rollup_up(by_hour, "day").write.mode("overwrite").partitionBy("date").parquet(
+                self.path("rollup_1d")
+            )
+            by_hour.write.mode("overwrite").partitionBy("date").parquet(self.path("rollup_1h"))
+        finally:
+            minutes.unpersist()
+            by_hour.unpersist()
+        if emptied:  # an hour or a day with nothing left: no rows to overwrite it with
+            for d, h in sorted(set(hours) - present):
+                self._delete(f"{self.path('rollup_1m')}/date={d}/hour={h}")
+            for d in sorted(set(dates) - {d for d, _ in present}):
+                self._delete(f"{self.path('rollup_1h')}/date={d}")
+                self._delete(f"{self.path('rollup_1d')}/date={d}")
+        s.partitions_rewritten["rollup_1m"] += len(hours)
         s.partitions_rewritten["rollup_1h"] += len(dates)
         s.partitions_rewritten["rollup_1d"] += len(dates)
 
     # ------------------------------------------------------------ seen-id index
 
     def _seen_generations(self) -> dict[int, list[int]]:
-        """Bucket -> its generations on disk (the batches that wrote it), newest last."""
+        """Bucket -> its generations on disk (the batches that wrote them), oldest first."""
         jvm = self.spark._jvm  # type: ignore[attr-defined]
         conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
         pattern = jvm.org.apache.hadoop.fs.Path(self.path("seen_ids") + "/bucket=*/gen=*")
@@ -241,54 +297,78 @@ class Pipeline:
                 )
         return {b: sorted(g) for b, g in gens.items()}
 
-    def _seen(self, good: DataFrame, batch_id: int) -> DataFrame | None:
-        """The index of the buckets the batch's ids fall in, as earlier batches left it."""
-        gens = self._seen_generations()
-        if not gens:  # the first batch: no scan of the batch for its buckets
-            return None
-        buckets = [r[0] for r in good.select(T.id_bucket(F.col("id"))).distinct().collect()]
-        paths = [
-            f"{self.path('seen_ids')}/bucket={b}/gen={gens[b][-1]}"
-            for b in sorted(buckets)
-            if b in gens
-        ]
+    def _seen(
+        self, index: dict[int, list[int]], buckets: list[int], batch_id: int
+    ) -> DataFrame | None:
+        """The index of the buckets the batch's ids fall in: every generation of each."""
+        root = self.path("seen_ids")
+        paths = [f"{root}/bucket={b}" for b in buckets if b in index]
         if not paths:
             return None
-        seen = (
-            self.spark.read.schema(T.SEEN_SCHEMA)
-            .option("basePath", self.path("seen_ids"))
-            .parquet(*paths)
-        )
+        seen = self.spark.read.schema(T.SEEN_SCHEMA).option("basePath", root).parquet(*paths)
         # Without this batch's own rows: a replay decides as its first attempt did.
         return seen.where(F.col("batch") != batch_id).select(*T.SEEN_COLUMNS)
 
-    def _write_seen(self, prior: DataFrame | None, new: DataFrame, batch_id: int) -> None:
-        """A new generation of every bucket the batch kept copies in: the old rows plus its own.
+    def _to_compact(
+        self, index: dict[int, list[int]], buckets: list[int], batch_id: int
+    ) -> list[int]:
+        """The batch's buckets it rewrites whole: those with ``seen_max_generations`` already,
+        and on a replay those it wrote before it was killed (a whole bucket is never
+        overwritten with the batch's rows alone: the older generations may be gone)."""
+        limit = self.seen_max_generations
+        return [
+            b for b in buckets if b in index and (len(index[b]) >= limit or batch_id in index[b])
+        ]
 
-        Written whole before the older generations are deleted, so a crash leaves
-        either generation readable, and either read without this batch's rows is
-        the same index. Displaced rows stay (the earliest copy per id is the kept
-        one): a replay must see what the first attempt saw.
+    def _write_seen(
+        self,
+        prior: DataFrame | None,
+        new: DataFrame,
+        compact: list[int],
+        index: dict[int, list[int]],
+        batch_id: int,
+    ) -> None:
+        """Generation ``batch_id`` of each bucket the batch kept copies in: its own rows, and
+        for a bucket it compacts every older generation's rows as well.
+
+        Written whole before anything else, and an older generation is deleted only at
+        the end of the batch, once the compacted one holds its rows. Displaced rows
+        stay (the earliest copy per id is the kept one): a replay must see what the
+        first attempt saw.
         """
         rows = T.seen_rows(new, batch_id)
-        if prior is not None:
-            touched = rows.select("bucket").distinct()
-            rows = prior.join(F.broadcast(touched), "bucket", "left_semi").unionByName(rows)
-        rows.withColumn("gen", F.lit(batch_id).cast("long")).repartition("bucket").write.mode(
-            "overwrite"
-        ).partitionBy("bucket", "gen").parquet(self.path("seen_ids"))
+        replay = any(batch_id in index[b] for b in compact)
+        if prior is not None and compact:
+            old = prior.where(F.col("bucket").isin(compact))
+            if replay:
+                # A compacted generation and the ones it replaced may both be there, so
+                # a row may be read twice. An id is kept once per batch.
+                old = old.dropDuplicates(["id", "batch"])
+            rows = old.unionByName(rows)
+        write = (
+            rows.withColumn("gen", F.lit(batch_id).cast("long"))
+            .repartition("bucket")
+            .write.partitionBy("bucket", "gen")
+        )
+        if replay:  # generation batch_id is there: replaced, partition by partition
+            write.mode("overwrite").parquet(self.path("seen_ids"))
+            return
+        # No generation batch_id anywhere yet, so nothing to replace: appended, which
+        # spares the dynamic overwrite's staging and a rename per bucket in the driver
+        # (4 to 10 s of a first batch's 256 buckets here). What a killed append left
+        # half-committed is a generation batch_id: its replay takes the branch above.
+        # What it left uncommitted under _temporary must not join this job's output.
+        self._delete(f"{self.path('seen_ids')}/_temporary")
+        write.mode("append").parquet(self.path("seen_ids"))
 
-    def _drop_old_seen(self, batch_id: int) -> None:
-        """Delete the generations this batch's superseded (at the end: nothing reads them now)."""
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
-        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-        for bucket, gens in self._seen_generations().items():
-            if gens[-1] != batch_id:
-                continue
-            for g in gens[:-1]:
-                path = f"{self.path('seen_ids')}/bucket={bucket}/gen={g}"
-                p = jvm.org.apache.hadoop.fs.Path(path)
-                p.getFileSystem(conf).delete(p, True)
+    def _drop_compacted(
+        self, index: dict[int, list[int]], compact: list[int], batch_id: int
+    ) -> None:
+        """Delete the generations the batch compacted (at the end: nothing reads them now)."""
+        for b in compact:
+            for g in index[b]:
+                if g != batch_id:
+                    self._delete(f"{self.path('seen_ids')}/bucket={b}/gen={g}")
 
     def _remove_displaced(self, displaced: DataFrame, where: list[tuple[str, int, int]]) -> None:
         """Rewrite each (date, hour, batch) partition that holds a displaced copy without it."""
@@ -306,14 +386,9 @@ class Pipeline:
         left.write.mode("overwrite").partitionBy("date", "hour", "batch").parquet(
             self.path("readings")
         )
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
-        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
         for d, h, b in where:
             if (d, h, b) not in remaining:  # every copy in it was displaced: the partition goes
-                p = jvm.org.apache.hadoop.fs.Path(
-                    f"{self.path('readings')}/date={d}/hour={h}/batch={b}"
-                )
-                p.getFileSystem(conf).delete(p, True)
+                self._delete(f"{self.path('readings')}/date={d}/hour={h}/batch={b}")
 
     # ------------------------------------------------------------ tables
 
@@ -326,24 +401,21 @@ class Pipeline:
     ) -> DataFrame:
         df = self.spark.read.schema(schema).parquet(self.path(name))
         if hours is not None:
-            dates = sorted({d for d, _ in hours})
-            wanted = self.spark.createDataFrame(hours, "date string, hour int")
-            df = df.where(F.col("date").isin(dates)).join(
-                F.broadcast(wanted), ["date", "hour"], "left_semi"
-            )
+            # On the partition columns only: the other hours' files are pruned, not read.
+            df = df.where(T.in_hours(F.col("date"), F.col("hour"), hours))
         elif dates is not None:
             df = df.where(F.col("date").isin(dates))
         return df
 
+    def _delete(self, path: str) -> None:
+        """Delete a directory through Hadoop's file system (nothing if it is not there)."""
+        jvm = self.spark._jvm  # type: ignore[attr-defined]
+        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        p = jvm.org.apache.hadoop.fs.Path(path)
+        p.getFileSystem(conf).delete(p, True)
+
     def _exists(self, name: str) -> bool:
         return path_exists(self.spark, self.path(name))
-
-    def _count_quarantined(self) -> int:
-        if not self._exists("quarantine"):
-            return 0
-        batches = self.summary.batches
-        q = self.spark.read.schema(T.QUARANTINE_SCHEMA).parquet(self.path("quarantine"))
-        return int(q.where(F.col("batch").isin(batches)).count())
 
     def _write_summary(self) -> None:
         runs = Path(self.path("_runs")) if "://" not in self.wh else None
@@ -356,6 +428,30 @@ class Pipeline:
         runs.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         (runs / f"run-{stamp}.json").write_text(data + "\n")
+
+
+def _placement(df: DataFrame, decided: bool) -> list[Any]:
+    """Rows kept per (date, hour), and per partition of the copy each displaces (if any)."""
+    if not decided:
+        none = F.lit(None)
+        return (
+            df.groupBy("date", "hour")
+            .agg(F.count(F.lit(1)).alias("n"))
+            .select("*", none.alias("kept_date"), none.alias("kept_hour"), none.alias("kept_batch"))
+            .collect()
+        )
+    return (
+        df.where(F.col("wins"))
+        .groupBy(
+            "date",
+            "hour",
+            F.col("kept.date").alias("kept_date"),
+            F.col("kept.hour").alias("kept_hour"),
+            F.col("kept.batch").alias("kept_batch"),
+        )
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    )
 
 
 def run(landing: str, warehouse: str, master: str | None = None) -> RunSummary:

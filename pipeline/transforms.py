@@ -112,8 +112,9 @@ QUARANTINE_SCHEMA = StructType(
 )
 
 # The seen-id index: one row per copy a batch kept, in the bucket of its id's
-# ``{origin}/{epoch}`` prefix (256 buckets, a file each: docs/pipeline.md), one
-# generation (``gen``: the batch that wrote it) per bucket. ``late`` and ``clock``
+# ``{origin}/{epoch}`` prefix (256 buckets: docs/pipeline.md), in generations
+# (``gen``: the batch that wrote it, a file each): a batch's own rows, or after a
+# compaction all of the bucket's up to that batch. ``late`` and ``clock``
 # let a later batch that displaces the copy correct the quality counts without
 # reading ``readings``.
 SEEN_BUCKETS = 256
@@ -160,7 +161,14 @@ ROLLUP_COLUMNS = [f.name for f in ROLLUP_FIELDS]
 
 
 def parse_landing(lines: DataFrame) -> DataFrame:
-    """Typed times and the first reason (if any) the line cannot be kept."""
+    """Each line typed, with the first reason (if any) it cannot be kept.
+
+    Only what the later steps read: a keepable line's fields with typed times
+    (``ts_t``, ``received_t``), and for a line that is not kept its ``reason``
+    and its text (``line``: the raw line when it did not parse, else the fields
+    as JSON, made for these lines only). The raw ``ts`` and ``received`` strings
+    are left out: a batch caches this, and on clean data they would be most of it.
+    """
     ts = F.try_to_timestamp("ts", F.lit(TS_FORMAT))
     received = F.try_to_timestamp("received", F.lit(TS_FORMAT))
     reason = (
@@ -177,14 +185,26 @@ def parse_landing(lines: DataFrame) -> DataFrame:
             F.lit("ts_in_future"),
         )
     )
-    return lines.select("*", ts.alias("ts_t"), received.alias("received_t"), reason.alias("reason"))
+    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*LANDING_SCHEMA.names[:-1])))
+    return lines.select(
+        "id",
+        "origin",
+        "sensor",
+        "value",
+        "unit",
+        "flags",
+        "gateway",
+        ts.alias("ts_t"),
+        received.alias("received_t"),
+        reason.alias("reason"),
+        F.when(reason.isNotNull(), line).alias("line"),
+    )
 
 
 def quarantined(parsed: DataFrame, batch: int) -> DataFrame:
-    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*LANDING_SCHEMA.names[:-1])))
     return parsed.where(F.col("reason").isNotNull()).select(
         "reason",
-        line.alias("line"),
+        "line",
         "id",
         "origin",
         "sensor",
@@ -347,6 +367,18 @@ def quality(
     )
 
 
+def in_hours(date: Column, hour: Column, hours: list[tuple[str, int]]) -> Column:
+    """True for a (``date``, ``hour``) among ``hours`` (a literal list: no join, and on
+    partition columns it prunes partitions)."""
+    wanted = [F.struct(F.lit(d).alias("d"), F.lit(h).alias("h")) for d, h in hours]
+    return F.struct(date.alias("d"), hour.alias("h")).isin(*wanted)
+
+
+def other_hours(hourly: DataFrame, hours: list[tuple[str, int]]) -> DataFrame:
+    """The rows of an hourly rollup outside the given (``date``, ``hour``) pairs."""
+    return hourly.where(~in_hours(F.col("date"), F.hour("window_start"), hours))
+
+
 def _first_last(ts: Column, tie: Column, value: Column) -> list[Column]:
     first = F.min_by(F.struct(value.alias("v"), ts.alias("t")), F.struct(ts, tie))
     last = F.max_by(F.struct(value.alias("v"), ts.alias("t")), F.struct(ts, tie))
@@ -371,10 +403,14 @@ def _rollup_select(grouped_cols: list[str], extra: list[Column]) -> list[Column]
 
 
 def rollup_minutes(readings: DataFrame) -> DataFrame:
-    """Per origin, sensor and minute, from deduplicated readings."""
+    """Per origin, sensor and minute, from deduplicated readings.
+
+    Grouped by the readings' ``date`` and ``hour`` too (a minute lies in one), so
+    readings partitioned by hour are aggregated where they are, without a shuffle.
+    """
     r = readings.where(F.col("value").isNotNull())
     window = F.date_trunc("minute", "ts").alias("window_start")
-    agg = r.groupBy("origin", "sensor", window).agg(
+    agg = r.groupBy("date", "hour", "origin", "sensor", window).agg(
         F.count("value").cast(LongType()).alias("count"),
         F.min("value").alias("min"),
         F.max("value").alias("max"),
@@ -383,13 +419,7 @@ def rollup_minutes(readings: DataFrame) -> DataFrame:
         F.max("unit").alias("unit"),
     )
     return agg.select(
-        _rollup_select(
-            ["origin", "sensor", "window_start"],
-            [
-                F.date_format("window_start", "yyyy-MM-dd").alias("date"),
-                F.hour("window_start").alias("hour"),
-            ],
-        )
+        _rollup_select(["origin", "sensor", "window_start"], [F.col("date"), F.col("hour")])
     )
 
 

@@ -277,3 +277,100 @@ def test_a_run_killed_while_displacing_copies_converges_when_rerun(
     assert readings.count() == 200 and readings.select("id").distinct().count() == 200
     assert _rollup_count(spark, wh, "rollup_1d") == 200
     _agrees(landing, wh)
+
+
+def test_an_hour_whose_every_copy_is_displaced_leaves_the_rollups(
+    spark: Any, tmp_path: Path
+) -> None:
+    """All of an hour's kept copies replaced by copies received earlier, in another hour and day."""
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    _land(landing, "run1", _clockless_node_copies(list(range(40)), t0 + timedelta(days=1)))
+    _land(landing, "other", _clockless_node_copies(list(range(100, 140)), t0 + timedelta(hours=2)))
+    _run(spark, landing, wh)
+    _land(landing, "run2", _clockless_node_copies(list(range(40)), t0, gateway="gw-z"))
+    s = _run(spark, landing, wh)
+    assert s["readings_written"] == 40 and s["displaced"] == 40
+    assert not list((wh / "readings").glob("date=2026-11-21/**/*.parquet"))
+    for table in ("rollup_1m", "rollup_1h", "rollup_1d"):
+        assert _rollup_count(spark, wh, table) == 80, table
+        assert not list((wh / table).glob("date=2026-11-21/**/*.parquet")), table
+    _agrees(landing, wh)
+
+
+def _seen_generations(wh: Path) -> dict[str, list[str]]:
+    return {
+        b.name: sorted(g.name for g in b.glob("gen=*"))
+        for b in sorted((wh / "seen_ids").glob("bucket=*"))
+    }
+
+
+def test_index_buckets_are_compacted_and_a_run_killed_while_compacting_converges(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bucket takes a generation per batch up to the limit, then is rewritten whole.
+
+    The batch that compacts is stopped after deleting only one of the generations it
+    replaced (the compacted one and the other both still there): the replay must
+    neither lose nor repeat a row of the index.
+    """
+    monkeypatch.setattr(Pipeline, "seen_max_generations", 2)
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    # One epoch (node7/0: ids 0-49), so one bucket: gen 0, then gen 1.
+    _land(landing, "run0", _clockless_node_copies(list(range(25)), t0 + timedelta(hours=2)))
+    _run(spark, landing, wh)
+    _land(landing, "run1", _clockless_node_copies(list(range(25, 50)), t0 + timedelta(hours=3)))
+    _run(spark, landing, wh)
+    (bucket,) = _seen_generations(wh)
+    assert _seen_generations(wh)[bucket] == ["gen=0", "gen=1"]
+    # Batch 2 brings copies received earlier (they displace ten kept ones) and compacts.
+    _land(landing, "run2", _clockless_node_copies(list(range(10)), t0, gateway="gw-z"))
+    real_drop = Pipeline._drop_compacted
+
+    def killed_midway(self: Pipeline, index: Any, compact: list[int], batch_id: int) -> None:
+        self._delete(f"{self.path('seen_ids')}/{bucket}/gen=0")
+        raise RuntimeError("killed while deleting the compacted generations")
+
+    monkeypatch.setattr(Pipeline, "_drop_compacted", killed_midway)
+    with pytest.raises(Exception, match="killed while deleting"):
+        _run(spark, landing, wh)
+    assert _seen_generations(wh)[bucket] == ["gen=1", "gen=2"]
+    monkeypatch.setattr(Pipeline, "_drop_compacted", real_drop)
+    s = _run(spark, landing, wh)  # replays batch 2
+    assert s["batches"] == [2] and s["readings_written"] == 10 and s["displaced"] == 10
+    assert _seen_generations(wh)[bucket] == ["gen=2"]
+    seen = spark.read.parquet(str(wh / "seen_ids"))
+    assert seen.count() == 60  # 50 kept by batches 0 and 1 (ten since displaced), 10 by batch 2
+    assert seen.select("id", "batch").distinct().count() == 60
+    # Later copies of the same ids lose; another batch adds a generation again.
+    _land(landing, "run3", _clockless_node_copies(list(range(20)), t0 + timedelta(hours=5)))
+    s = _run(spark, landing, wh)
+    assert s["readings_written"] == 0 and s["duplicates_removed"] == 20
+    _land(landing, "run4", _clockless_node_copies(list(range(30, 45)), t0, gateway="gw-y"))
+    s = _run(spark, landing, wh)
+    assert s["readings_written"] == 15 and s["displaced"] == 15
+    assert _seen_generations(wh)[bucket] == ["gen=2", "gen=4"]
+    _agrees(landing, wh)
+
+
+def test_what_a_killed_index_write_left_uncommitted_is_not_merged_by_the_next(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The index is appended to: a task output a killed job had committed under
+    ``_temporary`` (its job never was) must not land in the next batch's generation."""
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    _land(landing, "run0", _clockless_node_copies(list(range(25)), t0))
+    _run(spark, landing, wh)
+    (bucket,) = _seen_generations(wh)
+    real = next((wh / "seen_ids" / bucket / "gen=0").glob("*.parquet"))
+    stale = wh / "seen_ids" / "_temporary" / "0" / "task_killed_0000" / bucket / "gen=1"
+    stale.mkdir(parents=True)
+    shutil.copy(real, stale / "part-00000-killed.c000.snappy.parquet")
+    _land(landing, "run1", _clockless_node_copies(list(range(25, 50)), t0))
+    s = _run(spark, landing, wh)
+    assert s["batches"] == [1] and s["readings_written"] == 25
+    assert not list((wh / "seen_ids").rglob("*killed*"))
+    assert spark.read.parquet(str(wh / "seen_ids")).count() == 50
+    _agrees(landing, wh)
