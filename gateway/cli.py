@@ -78,20 +78,9 @@ def _fleet_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gateway", help="gateway id (default: this host's name)")
 
 
-def _run_in(module: str, name: str) -> Any:
-    def handler(args: argparse.Namespace) -> int:
-        import importlib
-
-        mod = importlib.import_module(f"{__package__}.{module}")
-        return int(getattr(mod, name)(args))
-
-    return handler
+def _run_in(module: str, name: str) -> str:
+    return f"{__package__}.{module}:{name}"
 
 
-def _run(name: str) -> Any:
-    def handler(args: argparse.Namespace) -> int:
-        from . import commands
-
-        return getattr(commands, name)(args)
-
-    return handler
+def _run(name: str) -> str:
+    return _run_in("commands", name)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
+
+from ..sync.cli import add_connection_args
 
 
 def register(sub: Any) -> None:
     ing = sub.add_parser("ingest", help="cloud broker -> landing zone, durably")
     isub = ing.add_subparsers(dest="ingest_command", metavar="ACTION", required=True)
     run = isub.add_parser("run", help="receive readings at QoS 2 into landing files")
-    run.add_argument("--broker", required=True, help="mqtt://host:port or mqtts://host:port")
+    add_connection_args(run)
     run.add_argument("--client-id", required=True, help="also names this writer's files")
     run.add_argument("--topic", default="telemetry/+/readings")
     run.add_argument(
@@ -26,13 +27,7 @@ def register(sub: Any) -> None:
         default=1,
         help="connections in this process (needs --shared-group); one fsync covers them all",
     )
-    run.add_argument("--protocol", choices=("5", "3.1.1"), default="5")
     run.add_argument("--keepalive", type=int, default=30)
-    run.add_argument("--username")
-    run.add_argument("--password-file")
-    run.add_argument("--ca-file")
-    run.add_argument("--cert-file")
-    run.add_argument("--key-file")
     run.add_argument("--roll-mb", type=float, default=64.0, help="roll landing files at this size")
     run.add_argument("--roll-s", type=float, default=60.0, help="roll landing files at this age")
     run.set_defaults(handler=_run("ingest_run"))
@@ -53,10 +48,5 @@ def register(sub: Any) -> None:
     rep.set_defaults(handler=_run("pipeline_report"))
 
 
-def _run(name: str) -> Any:
-    def handler(args: argparse.Namespace) -> int:
-        from . import commands
-
-        return getattr(commands, name)(args)
-
-    return handler
+def _run(name: str) -> str:
+    return f"{__package__}.commands:{name}"

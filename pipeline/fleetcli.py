@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..sync.cli import add_connection_args
 from .fleet import STALE_S
 
 
@@ -22,14 +23,8 @@ def register(sub: Any) -> None:
     st.set_defaults(handler=_run("fleet_status"))
 
     w = fsub.add_parser("watch", help="the gateways live, from their retained status messages")
-    w.add_argument("--broker", required=True, help="mqtt://host:port or mqtts://host:port")
+    add_connection_args(w)
     w.add_argument("--topic", default="telemetry/+/status", help="the status topics")
-    w.add_argument("--protocol", choices=("5", "3.1.1"), default="5")
-    w.add_argument("--username")
-    w.add_argument("--password-file")
-    w.add_argument("--ca-file")
-    w.add_argument("--cert-file")
-    w.add_argument("--key-file")
     w.add_argument(
         "--once",
         action="store_true",
@@ -54,10 +49,5 @@ def _stale(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _run(name: str) -> Any:
-    def handler(args: argparse.Namespace) -> int:
-        from . import fleetcmd
-
-        return int(getattr(fleetcmd, name)(args))
-
-    return handler
+def _run(name: str) -> str:
+    return f"{__package__}.fleetcmd:{name}"

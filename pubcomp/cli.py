@@ -1,8 +1,9 @@
 """The ``pubcomp`` command: one entry point that dispatches to each part's commands.
 
-Each part's ``cli`` module only declares its arguments; the code behind a
-command is imported when that command runs, so a gateway never imports pyspark
-and the cloud side never imports GPIO libraries.
+Each part's ``cli`` module only declares its arguments, and names the code
+behind each command as ``"module:function"`` (``handler``); that module is
+imported when the command runs, so a gateway never imports pyspark and the
+cloud side never imports GPIO libraries.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import __version__
 
@@ -39,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve(handler: str) -> Callable[..., Any]:
+    """A command's function from its ``"module:function"`` name (imported now)."""
+    module, _, name = handler.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -47,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     try:
-        return int(args.handler(args) or 0)
+        return int(resolve(args.handler)(args) or 0)
     except KeyboardInterrupt:
         return 130
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 
@@ -35,10 +34,4 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="any other driver option (repeatable), e.g. --option scale=0.2794",
     )
-    t.set_defaults(handler=_sensor_test)
-
-
-def _sensor_test(args: argparse.Namespace) -> int:
-    from .commands import sensor_test
-
-    return sensor_test(args)
+    t.set_defaults(handler=f"{__package__}.commands:sensor_test")

@@ -28,9 +28,8 @@ def register(sub: Any) -> None:
     usub = up.add_subparsers(dest="uplink_command", metavar="ACTION", required=True)
     run = usub.add_parser("run", help="drain the store to a broker, exactly once")
     _store_args(run)
-    run.add_argument("--broker", required=True, help="mqtt://host:port or mqtts://host:port")
+    add_connection_args(run)
     run.add_argument("--client-id", required=True)
-    run.add_argument("--protocol", choices=("5", "3.1.1"), default="5")
     run.add_argument(
         "--qos", type=int, choices=(1, 2), default=2, help="1 for clouds without QoS 2"
     )
@@ -38,13 +37,6 @@ def register(sub: Any) -> None:
     run.add_argument("--batch", type=int, default=100, help="readings per message")
     run.add_argument("--max-bytes", type=int, default=128 * 1024, help="payload bytes per message")
     run.add_argument("--keepalive", type=int, default=30)
-    run.add_argument("--username")
-    run.add_argument(
-        "--password-file", help="file holding the password (never on the command line)"
-    )
-    run.add_argument("--ca-file")
-    run.add_argument("--cert-file")
-    run.add_argument("--key-file")
     run.add_argument("--exit-when-drained", action="store_true")
     run.set_defaults(handler=_run("uplink_run"))
 
@@ -54,10 +46,16 @@ def _store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gateway-id", help="gateway id for a new store (default: host name)")
 
 
-def _run(name: str) -> Any:
-    def handler(args: argparse.Namespace) -> int:
-        from . import commands
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    """How a command reaches an MQTT broker: every command that connects takes these."""
+    p.add_argument("--broker", required=True, help="mqtt://host:port or mqtts://host:port")
+    p.add_argument("--protocol", choices=("5", "3.1.1"), default="5")
+    p.add_argument("--username")
+    p.add_argument("--password-file", help="file holding the password (never on the command line)")
+    p.add_argument("--ca-file", help="CA certificate(s) to verify the broker with (mqtts)")
+    p.add_argument("--cert-file", help="client certificate (mqtts)")
+    p.add_argument("--key-file", help="client key (mqtts)")
 
-        return getattr(commands, name)(args)
 
-    return handler
+def _run(name: str) -> str:
+    return f"{__package__}.commands:{name}"
