@@ -43,6 +43,7 @@ import yaml  # noqa: E402
 from devkit.broker import Mosquitto, free_port  # noqa: E402
 from pubcomp.gateway.credentials import hash_password  # noqa: E402
 from pubcomp.gateway.intake import Intake  # noqa: E402
+from pubcomp.gateway.status import fetch as fetch_status  # noqa: E402
 from pubcomp.sync.store import Reading, Store  # noqa: E402
 
 PASSWORD = "bench-pw"
@@ -166,10 +167,7 @@ class GatewayRun:
         raise RuntimeError((self.tmp / "gw.log").read_text())
 
     def status(self) -> dict[str, object]:
-        url = f"http://127.0.0.1:{self.health}/status.json"
-        with urllib.request.urlopen(url, timeout=10) as r:
-            data: dict[str, object] = json.loads(r.read())
-        return data
+        return fetch_status("127.0.0.1", self.health, timeout=10)
 
     def stop(self) -> None:
         assert self.proc is not None

@@ -27,12 +27,12 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pubcomp.gateway import commitlog
+from pubcomp.gateway.status import fetch as fetch_status
 from pubcomp.pipeline.audit import landed
 
 from .broker import Mosquitto, free_port
@@ -119,11 +119,8 @@ class Demo:
             time.sleep(0.1)
 
     def status(self) -> dict[str, Any] | None:
-        url = f"http://127.0.0.1:{self.health_port}/status.json"
         try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                data: dict[str, Any] = json.loads(r.read())
-                return data
+            return fetch_status("127.0.0.1", self.health_port, timeout=1)
         except (OSError, ValueError):
             return None
 

@@ -18,6 +18,7 @@ import paho.mqtt.client as mqtt
 import yaml
 
 from pubcomp.gateway.credentials import hash_password
+from pubcomp.gateway.status import fetch as fetch_status
 
 from .broker import free_port
 from .procs import track
@@ -94,9 +95,7 @@ class GatewayProc:
         return f"http://127.0.0.1:{self.health_port}{path}"
 
     def status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url("/status.json"), timeout=5) as r:
-            data: dict[str, Any] = json.loads(r.read())
-        return data
+        return fetch_status("127.0.0.1", self.health_port)
 
     def kill(self) -> None:
         assert self.proc is not None

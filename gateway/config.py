@@ -467,7 +467,8 @@ _SENSOR_MODELS: dict[str, type[BaseModel]] = {
     "modbus": ModbusSensor,
     "simulated": SimulatedSensorConfig,
 }
-assert set(_SENSOR_MODELS) == set(SENSOR_TYPES)
+if set(_SENSOR_MODELS) != set(SENSOR_TYPES):  # a driver added without its config model
+    raise ImportError(f"sensor config models {sorted(_SENSOR_MODELS)} != drivers {SENSOR_TYPES}")
 
 
 class Fleet:
@@ -539,9 +540,8 @@ class Fleet:
             cfg = None
         if cfg is not None:
             errs += self._check_unique(gid, cfg)
-        if errs:
+        if errs or cfg is None:
             raise ConfigError(errs)
-        assert cfg is not None
         return cfg
 
     def check(self) -> list[str]:
