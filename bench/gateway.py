@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,12 +44,13 @@ from pubcomp.gateway.credentials import hash_password  # noqa: E402
 from pubcomp.gateway.intake import Intake  # noqa: E402
 from pubcomp.gateway.status import fetch as fetch_status  # noqa: E402
 from pubcomp.sync.store import Reading, Store  # noqa: E402
+from pubcomp.sync.wire import wire_time  # noqa: E402
 
 PASSWORD = "bench-pw"
 
 
 def payload(node: str, seq: int, per_msg: int) -> bytes:
-    ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    ts = wire_time()
     rd = [{"sensor": f"s{i % 8}", "value": seq + i / 1000, "unit": "C"} for i in range(per_msg)]
     return json.dumps(
         {"v": 1, "node": node, "boot": 1, "seq": seq, "ts": ts, "readings": rd},

@@ -42,7 +42,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ from devkit.broker import Mosquitto  # noqa: E402
 from devkit.gateway_helpers import GatewayProc  # noqa: E402
 from devkit.powercut import PowerCutMount, fuse_missing  # noqa: E402
 from pubcomp.gateway.wear import process_write_bytes  # noqa: E402
+from pubcomp.sync.wire import wire_time  # noqa: E402
 
 PASSWORD = "wear-pw"
 SLOW_FSYNC_S = 0.005
@@ -80,7 +80,7 @@ SHAPES = {
 
 
 def payload(node: str, seq: int, per_msg: int) -> bytes:
-    ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    ts = wire_time()
     rd = [{"sensor": f"s{i % 8}", "value": seq + i / 1000, "unit": "C"} for i in range(per_msg)]
     msg = {"v": 1, "node": node, "boot": 1, "seq": seq, "ts": ts, "readings": rd}
     return json.dumps(msg, separators=(",", ":")).encode()

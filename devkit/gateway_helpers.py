@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 import urllib.request
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import yaml
 
 from pubcomp.gateway.credentials import hash_password
 from pubcomp.gateway.status import fetch as fetch_status
+from pubcomp.sync.wire import wire_time
 
 from .broker import free_port
 from .procs import track
@@ -143,7 +143,7 @@ class PahoNode:
         self.connects += 1
 
     def payload(self, seq: int) -> bytes:
-        ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        ts = wire_time()
         readings = [{"sensor": f"n{i}", "value": seq + i / 10, "unit": "C"} for i in range(3)]
         msg = {"v": 1, "node": self.node, "boot": self.boot, "seq": seq, "ts": ts}
         return json.dumps({**msg, "readings": readings[: self.per_msg]}).encode()

@@ -21,9 +21,10 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 from pubcomp.sensors.api import ClockFix
+
+from ..sync.wire import wire_time
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def kernel_check() -> Callable[[], bool | None]:
 
 
 def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return wire_time(t)
 
 
 class ClockWatch:

@@ -496,11 +496,7 @@ class Ingress:
         def stamp(dt: float) -> str:
             ts = stamps.get(dt)
             if ts is None:
-                ts = stamps[dt] = (
-                    (base - timedelta(seconds=dt))
-                    .isoformat(timespec="milliseconds")
-                    .replace("+00:00", "Z")
-                )
+                ts = stamps[dt] = wire.wire_time(base - timedelta(seconds=dt))
             return ts
 
         prefix = f"{node}/{msg.boot}/{msg.seq}."

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +138,7 @@ class StatusLanding:
 
     def _land(self, pkts: list[Any]) -> list[Packet]:
         """Write and fsync what arrived; return the PUBACKs, which may go out now."""
-        received = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        received = wire.wire_time()
         lines: list[bytes] = []
         bad: list[bytes] = []
         acks: list[Packet] = []

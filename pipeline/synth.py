@@ -14,9 +14,11 @@ import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from ..sync.wire import wire_time
+
 
 def _iso(t: datetime) -> str:
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return wire_time(t)
 
 
 def write_landing(

@@ -10,7 +10,7 @@ import math
 import signal
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from .client import ConnectOptions, TLSOptions
 from .packets import MQTT_5, MQTT_311
 from .store import Reading, Store
 from .uplink import Uplink, UplinkConfig
+from .wire import wire_time
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def normalise_ts(ts: str) -> str:
         raise ValueError(f"is not an ISO 8601 time: {ts!r}") from None
     if t.tzinfo is None:
         raise ValueError(f"has no time zone: {ts!r} (add Z for UTC)")
-    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return wire_time(t)
 
 
 def store_import(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Annotated, Any
 
@@ -95,3 +96,13 @@ def payload_head(gateway: str) -> bytes:
     return (
         b'{"v":1,"gateway":' + json.dumps(gateway, ensure_ascii=False).encode() + b',"readings":['
     )
+
+
+def wire_time(t: datetime | float | None = None) -> str:
+    """A time as the wire format writes it (UTC, milliseconds, ``Z``): now when ``t`` is
+    None, a Unix time when it is a number, else an aware datetime."""
+    if t is None:
+        t = datetime.now(UTC)
+    elif isinstance(t, int | float):
+        t = datetime.fromtimestamp(t, UTC)
+    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

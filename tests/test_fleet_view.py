@@ -6,14 +6,14 @@ from typing import Any
 
 from pubcomp.pipeline import fleet
 from pubcomp.pipeline.fleetcmd import Watch
+from pubcomp.sync.wire import wire_time
 
 NOW = 1_800_000_000.0
 
 
 def _iso(t: float) -> str:
-    from datetime import UTC, datetime
 
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return wire_time(t)
 
 
 def status(gw: str, **over: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import pytest
 from devkit import duckdb_reference as ref
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.synth import write_landing
+from pubcomp.sync.wire import wire_time
 
 BAD_LINES = [
     "not json at all",
@@ -128,7 +129,7 @@ def test_rerun_with_new_hours_rewrites_only_them_and_redelivered_files_change_no
 
 
 def _iso(t: datetime) -> str:
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return wire_time(t)
 
 
 def _clockless_node_copies(
