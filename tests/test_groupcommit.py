@@ -331,40 +331,30 @@ def test_a_group_goes_at_once_when_every_producer_waits_on_it(tmp_path: Path) ->
     def op(s: Store, i: int) -> Any:
         return lambda db: s.append_batches_in(db, [(None, [reading(i)])])
 
-    async def main(s: Store) -> dict[str, Any]:
+    async def scenario(s: Store, warm: list[str], then: list[str]) -> tuple[bool, int]:
+        """``warm`` waits together once (within=0: no delay to learn from); then all
+        of ``then`` but the last are submitted (done yet?), then the last (commits?)."""
         gc, task = await running(s, commit_delay=3600)
-        seen: dict[str, Any] = {}
         async with asyncio.timeout(60):
-            # Warm-up: they waited together once (within=0: no delay to learn from).
-            await asyncio.gather(*(gc.submit(op(s, i), within=0, peer=f"n{i}") for i in range(4)))
+            await asyncio.gather(*(gc.submit(op(s, 0), within=0, peer=p) for p in warm))
             c0 = s.io.commits
-            three = [gc.submit(op(s, i), peer=f"n{i}") for i in range(3)]
+            early = [gc.submit(op(s, 1), peer=p) for p in then[:-1]]
             await settle(gc)
-            seen["three_done"] = any(f.done() for f in three)
-            await asyncio.gather(*three, gc.submit(op(s, 3), peer="n3"))
-            seen["four_commits"] = s.io.commits - c0
+            went_early = any(f.done() for f in early)
+            await asyncio.gather(*early, gc.submit(op(s, 2), peer=then[-1]))
+            commits = s.io.commits - c0
+        gc.close()
+        await task
+        return went_early, commits
 
-        gc.close()
-        await task
-        # One producer with eight in flight, learnt; then four of them fill a group.
-        gc, task = await running(s, commit_delay=3600)
-        async with asyncio.timeout(60):
-            await asyncio.gather(*(gc.submit(op(s, i), within=0, peer="p") for i in range(8)))
-            c0 = s.io.commits
-            first = [gc.submit(op(s, i), peer="p") for i in range(3)]
-            await settle(gc)
-            seen["p_three_done"] = any(f.done() for f in first)
-            await asyncio.gather(*first, gc.submit(op(s, 3), peer="p"))
-            seen["p_commits"] = s.io.commits - c0
-        gc.close()
-        await task
-        return seen
+    async def main(s: Store) -> dict[str, Any]:
+        four = [f"n{i}" for i in range(4)]
+        return {
+            "four nodes": await scenario(s, four, four),
+            "one node, 8 in flight": await scenario(s, ["p"] * 8, ["p"] * 4),
+        }
 
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
         seen = asyncio.run(main(s))
-    assert seen == {
-        "three_done": False,
-        "four_commits": 1,
-        "p_three_done": False,
-        "p_commits": 1,
-    }
+    # (went before the last arrived, commits): never early, then one commit for all
+    assert seen == {"four nodes": (False, 1), "one node, 8 in flight": (False, 1)}
