@@ -24,7 +24,7 @@ count, for every system alike).
 Printed per shape and disk: readings/s acknowledged, PUBACK p50/p99, fsyncs per
 reading, bytes written per reading, GB written per day at that rate.
 
-    python bench/wear.py [--shapes busy,fleet,bulk,burst] [--disks plain,slow]
+    python bench/wear.py [--shapes busy,fleet,bulk,burst,flood] [--disks plain,slow]
                          [--systems pubcomp,bridge,bridge-autosave] [--seconds 15]
 """
 
@@ -76,6 +76,9 @@ SHAPES = {
     "fleet": Shape("fleet", 20, 0.1, 3, 1, 60.0),
     "bulk": Shape("bulk", 20, 5.0, 100, 1, 15.0),
     "burst": Shape("burst", 1, 500.0, 1, 20, 15.0),
+    # The burst node offered more than it can be acknowledged: what each system
+    # sustains (burst offers 500/s, so it cannot show more than 500).
+    "flood": Shape("flood", 1, 2000.0, 1, 20, 15.0),
 }
 
 
@@ -300,7 +303,7 @@ def run_bridge(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="busy,fleet,bulk,burst")
+    ap.add_argument("--shapes", default="busy,fleet,bulk,burst,flood")
     ap.add_argument("--disks", default="plain,slow")
     ap.add_argument("--systems", default="pubcomp,bridge,bridge-autosave")
     ap.add_argument("--seconds", type=float, default=None, help="each run (default per shape)")
