@@ -35,6 +35,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	scripts/typecheck.sh
 
 test: setup lint
 	$(VENV)/bin/pytest -q

@@ -431,13 +431,13 @@ def _model_at(loc: tuple[Any, ...], data: Any) -> type[BaseModel] | None:
     for part in loc[:-1]:
         if isinstance(part, str):
             if model is None and isinstance(cur, dict):
-                model = _SENSOR_MODELS.get(cur.get("type"))  # inside a sensor entry
+                model = _SENSOR_MODELS.get(str(cur.get("type")))  # inside a sensor entry
             field = model.model_fields.get(part) if model else None
             candidates = _models_in(field.annotation) if field else []
             model = candidates[0] if len(candidates) == 1 else None
         cur = cur[part] if isinstance(cur, dict | list) and _has(cur, part) else None
     if model is None and isinstance(cur, dict):
-        model = _SENSOR_MODELS.get(cur.get("type"))
+        model = _SENSOR_MODELS.get(str(cur.get("type")))
     return model
 
 

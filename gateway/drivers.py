@@ -73,11 +73,13 @@ class IntakeSink:
         status: SensorStatus,
         on_clock: Callable[[ClockFix], None],
     ) -> None:
-        self.intake, self.clock, self.status, self.on_clock = intake, clock, status, on_clock
+        # Not ``self.clock``: that is the sink's method a GPS hands its fixes to.
+        self.watch, self.status, self.on_clock = clock, status, on_clock
+        self.intake = intake
         self.driver: Driver | None = None
 
     def reading(self, r: SensorReading) -> None:
-        ts, flags = self.clock.stamp(r.mono)
+        ts, flags = self.watch.stamp(r.mono)
         self.intake.add(Reading(r.sensor, r.value, ts, r.unit, None, (*flags, *r.flags)))
         self.status.readings += 1
         self.status.last[r.sensor] = (r.value, r.unit, ts)
@@ -88,7 +90,7 @@ class IntakeSink:
     def fault(self, f: SensorFault) -> None:
         self.status.faults[f.kind] += 1
 
-    def clock(self, c: ClockFix) -> None:  # type: ignore[override]
+    def clock(self, c: ClockFix) -> None:
         self.on_clock(c)
 
 

@@ -48,7 +48,8 @@ class _Collector:
             {"gateway": s["gateway"], "fleet": s["fleet"]},
         )
 
-        plain: list[tuple[type[Metric], str, str, float | None]] = [
+        Family = type[CounterMetricFamily | GaugeMetricFamily]
+        plain: list[tuple[Family, str, str, float | None]] = [
             (GaugeMetricFamily, "uplink_connected", "1 while connected to the cloud broker",
              up["connected"]),
             (GaugeMetricFamily, "backlog_readings", "readings waiting in the store", up["backlog"]),
@@ -113,7 +114,7 @@ class _Collector:
         ]  # fmt: skip
         for family, name, doc, value in plain:
             m = family(f"pubcomp_{name}", doc)
-            m.add_metric([], float("nan") if value is None else float(value))  # type: ignore[attr-defined]
+            m.add_metric([], float("nan") if value is None else float(value))
             yield m
         events = CounterMetricFamily("pubcomp_store_events", "store counters", labels=["event"])
         # dropped_quota is there from 0, so that increase() sees the first drop (PubcompStoreFull).
@@ -168,7 +169,7 @@ class HealthServer:
         self.history: list[tuple[float, int]] = []  # (unix time, backlog), the last hour
         self._collector = _Collector()
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(self._collector)  # type: ignore[arg-type]
+        self._registry.register(self._collector)
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:

@@ -372,10 +372,11 @@ class Ingress:
             for pkt in pending:
                 if isinstance(pkt, Publish) and pkt.qos:
                     await window.acquire()  # released when its acknowledgement is written
-                    reply: Reply = asyncio.ensure_future(
+                    future = asyncio.ensure_future(
                         self._packet(node, pkt, session, version, limiter)
                     )
-                    reply.add_done_callback(lambda _: window.release())
+                    future.add_done_callback(lambda _: window.release())
+                    reply: Reply = future
                 else:
                     out = await self._packet(node, pkt, session, version, limiter)
                     if out is None:
@@ -425,7 +426,7 @@ class Ingress:
             code = Reason.NOT_AUTHORIZED if version == MQTT_5 else 0x80
             return [Suback(pkt.packet_id, [code] * len(pkt.subscriptions))]
         if isinstance(pkt, Unsubscribe):
-            codes = (
+            codes: list[int] = (
                 [Reason.NO_SUBSCRIPTION_EXISTED] * len(pkt.topic_filters)
                 if version == MQTT_5
                 else []
@@ -485,8 +486,8 @@ class Ingress:
             if self.clock is None:
                 base = datetime.now(UTC)
             else:
-                stamp, clock_flags = self.clock.stamp(time.monotonic())
-                base = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                now, clock_flags = self.clock.stamp(time.monotonic())
+                base = datetime.fromisoformat(now.replace("Z", "+00:00"))
                 flags += clock_flags
             flags.append("ts_from_gateway")
         else:

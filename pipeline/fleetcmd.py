@@ -143,7 +143,7 @@ async def _once(args: argparse.Namespace) -> int:
                 m = await asyncio.wait_for(it.__anext__(), wait)
             except TimeoutError:
                 break
-            watch.add(bytes(m.payload), bool(m.retain), time.time())  # type: ignore[arg-type]
+            watch.add(bytes(m.payload), bool(m.retain), time.time())
     views = watch.views()
     if not views:
         print(f"no gateway status on {args.topic} at {args.broker} (waited {args.wait:g} s)")
@@ -183,7 +183,7 @@ async def _live(args: argparse.Namespace) -> int:
                 while True:
                     try:
                         m = await asyncio.wait_for(it.__anext__(), REDRAW_S)
-                        watch.add(bytes(m.payload), bool(m.retain), time.time())  # type: ignore[arg-type]
+                        watch.add(bytes(m.payload), bool(m.retain), time.time())
                     except TimeoutError:
                         pass
                     draw()

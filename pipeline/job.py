@@ -78,10 +78,16 @@ class RunSummary:
 
 def path_exists(spark: SparkSession, path: str) -> bool:
     """Through Hadoop's file system, so a cluster URL (hdfs://, s3a://) works as a local path."""
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    conf = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+    fs, p = hadoop_path(spark, path)
+    return bool(fs.exists(p))
+
+
+def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """Hadoop's file system for ``path``, and the path as Hadoop's ``Path`` (py4j objects)."""
+    jvm: Any = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
     p = jvm.org.apache.hadoop.fs.Path(path)
-    return bool(p.getFileSystem(conf).exists(p))
+    return p.getFileSystem(conf), p
 
 
 def spark_session(master: str | None = None, app: str = "pubcomp-pipeline") -> SparkSession:
@@ -283,10 +289,8 @@ class Pipeline:
 
     def _seen_generations(self) -> dict[int, list[int]]:
         """Bucket -> its generations on disk (the batches that wrote them), oldest first."""
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
-        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-        pattern = jvm.org.apache.hadoop.fs.Path(self.path("seen_ids") + "/bucket=*/gen=*")
-        found = pattern.getFileSystem(conf).globStatus(pattern) or []
+        fs, pattern = hadoop_path(self.spark, self.path("seen_ids") + "/bucket=*/gen=*")
+        found = fs.globStatus(pattern) or []
         gens: dict[int, list[int]] = {}
         for st in found:
             if st.isDirectory():
@@ -409,10 +413,8 @@ class Pipeline:
 
     def _delete(self, path: str) -> None:
         """Delete a directory through Hadoop's file system (nothing if it is not there)."""
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
-        conf = self.spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-        p = jvm.org.apache.hadoop.fs.Path(path)
-        p.getFileSystem(conf).delete(p, True)
+        fs, p = hadoop_path(self.spark, path)
+        fs.delete(p, True)
 
     def _exists(self, name: str) -> bool:
         return path_exists(self.spark, self.path(name))

@@ -154,7 +154,7 @@ class Report:
         local = Path(f"{self.wh}/_runs")
         if "://" in self.wh:  # a cluster file system: through Spark
             df = self.spark.read.option("multiLine", "true").json(f"{self.wh}/_runs")
-            runs = [json.loads(j) for j in df.toJSON().collect()]
+            runs = [json.loads(str(j)) for j in df.toJSON().collect()]
         else:
             runs = [json.loads(p.read_text()) for p in local.glob("run-*.json")]
         f.runs = sorted(runs, key=lambda r: r.get("started", ""))[-20:]

@@ -1086,14 +1086,13 @@ class Store:
                 )
                 ords.append(m.ord)
             else:
-                ords.append(
-                    db.execute(
-                        "INSERT INTO out_inflight "
-                        "(session, packet_id, state, qos, topic, first_seq, last_seq) "
-                        "VALUES (?, ?, 'PUBLISH_SENT', ?, ?, ?, ?)",
-                        (session, m.packet_id, m.qos, m.topic, m.first_seq, m.last_seq),
-                    ).lastrowid
-                )
+                row = db.execute(
+                    "INSERT INTO out_inflight "
+                    "(session, packet_id, state, qos, topic, first_seq, last_seq) "
+                    "VALUES (?, ?, 'PUBLISH_SENT', ?, ?, ?, ?) RETURNING ord",
+                    (session, m.packet_id, m.qos, m.topic, m.first_seq, m.last_seq),
+                ).fetchone()
+                ords.append(int(row[0]))
         # sessions.last_packet_id is not rewritten here (one page less per commit): the
         # last id handed out is the newest in-flight message's, which this commits.
         return ords

@@ -644,7 +644,8 @@ class _Link:
         out: list[tuple[Message, bytes]] = []
         i = 0
         while i < len(rows) and len(out) < quota:
-            first, size, count, bodies = rows[i][0], head, 0, []
+            first, size, count = rows[i][0], head, 0
+            bodies: list[bytes] = []
             while i < len(rows) and count < batch:
                 seq, n, body = rows[i]
                 if bodies and (size + len(body) + 1 > self.max_bytes or count + n > batch):

@@ -4,6 +4,8 @@ a pulse counter's total survives a restart through the store."""
 from __future__ import annotations
 
 import asyncio
+import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,10 @@ from pubcomp.gateway.clock import ClockWatch
 from pubcomp.gateway.config import GatewayConfig
 from pubcomp.gateway.drivers import Drivers, pulses_key
 from pubcomp.gateway.intake import Intake
-from pubcomp.sensors.api import Driver, Sink
+from pubcomp.sensors.api import ClockFix, Driver, Sink
 from pubcomp.sensors.pins.simulated import SimulatedFactory
 from pubcomp.sync.store import Store
+from tests.sensor_helpers import GGA, RMC, Pty
 
 
 class Crashes(Driver):
@@ -104,3 +107,37 @@ def test_pulse_total_survives_a_restart(tmp_path: Path) -> None:
         d = asyncio.run(run_with_pulses(store, 5))
         assert store.get_state(pulses_key("rain")) == "12"
         assert d.status["rain"].last["rain.total"][0] == 12.0
+
+
+def test_a_gps_on_the_gateway_hands_its_time_to_the_clock(tmp_path: Path) -> None:
+    """An NMEA receiver configured on a gateway, over a real pseudo-terminal: its fixes
+    reach the gateway's clock (the sink once shadowed its clock() method with the
+    ClockWatch, so every fix raised TypeError and the driver restarted)."""
+    gps = Pty(tmp_path / "ttyGPS")
+    fixes: list[ClockFix] = []
+    sensors = _sensors({"id": "gps", "type": "nmea", "port": str(gps.link), "interval_s": 0})
+
+    async def main(store: Store) -> Drivers:
+        intake = Intake(store)
+        d = Drivers(sensors, SimulatedFactory, intake, ClockWatch(), fixes.append)
+        committing = asyncio.create_task(intake.run())
+        tasks = d.tasks()
+        async with asyncio.timeout(30):
+            while not fixes:  # a receiver repeats its sentences every second
+                gps.write(GGA + RMC)
+                await asyncio.sleep(0.1)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        intake.close()
+        await committing
+        return d
+
+    try:
+        with Store(tmp_path / "s.db", gateway_id="g") as store:
+            d = asyncio.run(main(store))
+    finally:
+        os.close(gps.master)
+    assert fixes[0].utc == datetime(1994, 3, 23, 12, 35, 19, tzinfo=UTC)
+    assert d.status["gps"].restarts == 0 and d.status["gps"].last_error is None
+    assert d.status["gps"].readings > 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tty
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,38 +17,10 @@ from pubcomp.sensors import nmea, pms5003, sds011
 from pubcomp.sensors.frames import Frame, FrameError
 from pubcomp.sensors.serialport import SerialPort
 from pubcomp.sensors.serialsensor import SerialSensor
-from tests.sensor_helpers import ListSink
+from tests.sensor_helpers import GGA, RMC, ListSink, Pty
 
 # Real sentences (the NMEA reference examples, with their published checksums).
-GGA = b"$GPGGA,123519,4807.038,N,01131.000,E,1,08,0.9,545.4,M,46.9,M,,*47\r\n"
-RMC = b"$GPRMC,123519,A,4807.038,N,01131.000,E,022.4,084.4,230394,003.1,W*6A\r\n"
 GSV = b"$GPGSV,2,1,08,01,40,083,46,02,17,308,41,12,07,344,39,14,22,228,45*75\r\n"
-
-
-class Pty:
-    """A pseudo-terminal whose slave is reached through a symlink, like /dev/serial/by-id."""
-
-    def __init__(self, link: Path) -> None:
-        self.link = link
-        self.master = -1
-        self.plug()
-
-    def plug(self) -> None:
-        self.master, slave = os.openpty()
-        tty.setraw(self.master)
-        name = os.ttyname(slave)
-        os.close(slave)
-        tmp = self.link.with_suffix(".new")
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(name)
-        tmp.replace(self.link)
-
-    def unplug(self) -> None:
-        os.close(self.master)
-        self.master = -1
-
-    def write(self, data: bytes) -> None:
-        os.write(self.master, data)
 
 
 @pytest.fixture
