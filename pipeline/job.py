@@ -42,7 +42,7 @@ from pyspark.sql import functions as F
 
 from pubcomp.sync.faults import crash_point
 
-from . import transforms as T
+from . import transforms
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,8 @@ class Pipeline:
     def run(self) -> RunSummary:
         t0 = time.monotonic()
         stream = (
-            self.spark.readStream.schema(T.LANDING_SCHEMA)
-            .option("columnNameOfCorruptRecord", T.CORRUPT)
+            self.spark.readStream.schema(transforms.LANDING_SCHEMA)
+            .option("columnNameOfCorruptRecord", transforms.CORRUPT)
             .option("mode", "PERMISSIVE")
             .option("recursiveFileLookup", "true")
             .json(self.landing)
@@ -143,9 +143,9 @@ class Pipeline:
     def batch(self, lines: DataFrame, batch_id: int) -> None:
         s = self.summary
         # One cache: the lines parsed once (every later step reads this, not the JSON).
-        parsed = T.parse_landing(lines).withColumn("_file", F.input_file_name()).persist()
+        parsed = transforms.parse_landing(lines).withColumn("_file", F.input_file_name()).persist()
         try:
-            good_bucket = F.when(F.col("reason").isNull(), T.id_bucket(F.col("id")))
+            good_bucket = F.when(F.col("reason").isNull(), transforms.id_bucket(F.col("id")))
             counts = parsed.agg(
                 F.count(F.lit(1)),
                 F.countDistinct("_file"),
@@ -162,17 +162,17 @@ class Pipeline:
             # A batch with nothing to quarantine writes no partition: skip the pass,
             # once the table exists (the report reads it).
             if n_lines > n_good or not self._exists("quarantine"):
-                bad = T.quarantined(parsed, batch_id)
+                bad = transforms.quarantined(parsed, batch_id)
                 bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
             buckets = sorted(int(b) for b in counts[3])
-            self._readings(T.valid_readings(parsed, batch_id), n_good, buckets, batch_id)
+            self._readings(transforms.valid_readings(parsed, batch_id), n_good, buckets, batch_id)
         finally:
             parsed.unpersist()
 
     def _readings(self, good: DataFrame, n_good: int, buckets: list[int], batch_id: int) -> None:
         s = self.summary
         s.readings_in += n_good
-        candidates = T.first_copy_per_id(good)
+        candidates = transforms.first_copy_per_id(good)
         index = self._seen_generations()
         prior = self._seen(index, buckets, batch_id)
         compact = self._to_compact(index, buckets, batch_id)
@@ -183,9 +183,9 @@ class Pipeline:
         else:
             # Checkpointed, not cached: writing seen_ids (read by this plan) would drop
             # a cache, and every later step would read the index and join again.
-            kept = T.against_seen(candidates, prior).localCheckpoint(eager=False)
-            new = T.winners(kept)
-            displaced = T.displaced(kept)
+            kept = transforms.against_seen(candidates, prior).localCheckpoint(eager=False)
+            new = transforms.winners(kept)
+            displaced = transforms.displaced(kept)
         try:
             # One pass for what the batch keeps and where: its hours, and the
             # (date, hour, batch) partitions of the copies it displaces.
@@ -213,7 +213,7 @@ class Pipeline:
             new.repartition("date", "hour").write.mode("overwrite").partitionBy(
                 "date", "hour", "batch"
             ).parquet(self.path("readings"))
-            T.quality(good, new, batch_id, displaced).coalesce(1).write.mode(
+            transforms.quality(good, new, batch_id, displaced).coalesce(1).write.mode(
                 "overwrite"
             ).partitionBy("batch").parquet(self.path("quality"))
             s.partitions_rewritten["readings"] += len(hours)
@@ -243,21 +243,21 @@ class Pipeline:
         if not hours:
             return
         s = self.summary
-        readings = new.select(*T.READINGS_SCHEMA.names)
+        readings = new.select(*transforms.READINGS_SCHEMA.names)
         if self._exists("readings"):
-            earlier = self._table("readings", T.READINGS_SCHEMA, hours)
+            earlier = self._table("readings", transforms.READINGS_SCHEMA, hours)
             readings = earlier.where(F.col("batch") != batch_id).unionByName(readings)
         dates = sorted({d for d, _ in hours})
         # By hour, so the minutes are aggregated in place and written a file per hour.
-        minutes = T.rollup_minutes(readings.repartition("date", "hour")).persist()
-        by_hour = T.rollup_up(minutes, "hour")
+        minutes = transforms.rollup_minutes(readings.repartition("date", "hour")).persist()
+        by_hour = transforms.rollup_up(minutes, "hour")
         try:
             minutes.write.mode("overwrite").partitionBy("date", "hour").parquet(
                 self.path("rollup_1m")
             )
             if self._exists("rollup_1h"):
-                hourly = self._table("rollup_1h", T.ROLLUP_DAY_SCHEMA, dates=dates)
-                by_hour = T.other_hours(hourly, hours).unionByName(by_hour)
+                hourly = self._table("rollup_1h", transforms.ROLLUP_DAY_SCHEMA, dates=dates)
+                by_hour = transforms.other_hours(hourly, hours).unionByName(by_hour)
             by_hour = by_hour.persist()
             present: set[tuple[str, int]] = set()
             if emptied:
@@ -268,9 +268,9 @@ class Pipeline:
                     .collect()
                 }
             # The days first: the cache reads rollup_1h, which the next write replaces.
-            T.rollup_up(by_hour, "day").write.mode("overwrite").partitionBy("date").parquet(
-                self.path("rollup_1d")
-            )
+            transforms.rollup_up(by_hour, "day").write.mode("overwrite").partitionBy(
+                "date"
+            ).parquet(self.path("rollup_1d"))
             by_hour.write.mode("overwrite").partitionBy("date").parquet(self.path("rollup_1h"))
         finally:
             minutes.unpersist()
@@ -309,9 +309,11 @@ class Pipeline:
         paths = [f"{root}/bucket={b}" for b in buckets if b in index]
         if not paths:
             return None
-        seen = self.spark.read.schema(T.SEEN_SCHEMA).option("basePath", root).parquet(*paths)
+        seen = (
+            self.spark.read.schema(transforms.SEEN_SCHEMA).option("basePath", root).parquet(*paths)
+        )
         # Without this batch's own rows: a replay decides as its first attempt did.
-        return seen.where(F.col("batch") != batch_id).select(*T.SEEN_COLUMNS)
+        return seen.where(F.col("batch") != batch_id).select(*transforms.SEEN_COLUMNS)
 
     def _to_compact(
         self, index: dict[int, list[int]], buckets: list[int], batch_id: int
@@ -340,7 +342,7 @@ class Pipeline:
         stay (the earliest copy per id is the kept one): a replay must see what the
         first attempt saw.
         """
-        rows = T.seen_rows(new, batch_id)
+        rows = transforms.seen_rows(new, batch_id)
         replay = any(batch_id in index[b] for b in compact)
         if prior is not None and compact:
             old = prior.where(F.col("bucket").isin(compact))
@@ -378,12 +380,14 @@ class Pipeline:
         """Rewrite each (date, hour, batch) partition that holds a displaced copy without it."""
         parts = self.spark.createDataFrame(where, "date string, hour int, batch long")
         old = (
-            self.spark.read.schema(T.READINGS_SCHEMA)
+            self.spark.read.schema(transforms.READINGS_SCHEMA)
             .parquet(self.path("readings"))
             .where(F.col("date").isin(sorted({d for d, _, _ in where})))
-            .join(F.broadcast(parts), ["date", "hour", "batch"], "left_semi")
+            .join(F.broadcast(parts), on=["date", "hour", "batch"], how="left_semi")
         )
-        left = old.join(displaced.select("id"), "id", "left_anti").localCheckpoint(eager=True)
+        left = old.join(displaced.select("id"), on="id", how="left_anti").localCheckpoint(
+            eager=True
+        )
         remaining = {
             (r.date, r.hour, r.batch) for r in left.select(*parts.columns).distinct().collect()
         }
@@ -406,7 +410,7 @@ class Pipeline:
         df = self.spark.read.schema(schema).parquet(self.path(name))
         if hours is not None:
             # On the partition columns only: the other hours' files are pruned, not read.
-            df = df.where(T.in_hours(F.col("date"), F.col("hour"), hours))
+            df = df.where(transforms.in_hours(F.col("date"), F.col("hour"), hours))
         elif dates is not None:
             df = df.where(F.col("date").isin(dates))
         return df

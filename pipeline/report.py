@@ -22,8 +22,7 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import charts
-from . import transforms as T
+from . import charts, transforms
 from .job import path_exists
 
 log = logging.getLogger(__name__)
@@ -94,7 +93,7 @@ class Report:
 
     def facts(self) -> Facts:
         f = Facts(self.wh)
-        days = self._table("rollup_1d", T.ROLLUP_DAY_SCHEMA)
+        days = self._table("rollup_1d", transforms.ROLLUP_DAY_SCHEMA)
         if days is None:
             return f
         self._quality(f, days)
@@ -109,7 +108,9 @@ class Report:
             if f.last - f.first <= fits:
                 f.level, f.per = level, per
                 break
-        schema = {"rollup_1m": T.ROLLUP_1M_SCHEMA}.get(f.level, T.ROLLUP_DAY_SCHEMA)
+        schema = {"rollup_1m": transforms.ROLLUP_1M_SCHEMA}.get(
+            f.level, transforms.ROLLUP_DAY_SCHEMA
+        )
         windows = self._table(f.level, schema)
         assert windows is not None  # rollup_1d exists, and it is written last
         self._heatmap(f, windows)
@@ -125,7 +126,7 @@ class Report:
             rows[(r.origin, r.sensor)] = QualityRow(
                 r.origin, r.sensor, last_ts=_utc(r["last"]), unit=r.unit or ""
             )
-        q = self._table("quality", T.QUALITY_SCHEMA)
+        q = self._table("quality", transforms.QUALITY_SCHEMA)
         if q is not None:
             sums = q.groupBy("origin", "sensor").agg(
                 *[
@@ -143,7 +144,7 @@ class Report:
         f.quality = sorted(rows.values(), key=lambda q: (q.origin, q.sensor))
 
     def _quarantine(self, f: Facts) -> None:
-        q = self._table("quarantine", T.QUARANTINE_SCHEMA)
+        q = self._table("quarantine", transforms.QUARANTINE_SCHEMA)
         if q is None:
             return
         counts = q.groupBy(F.coalesce("origin", F.lit("(unreadable)")).alias("o"), "reason")
@@ -193,7 +194,7 @@ class Report:
             [(o, s) for o, ss in charted.items() for s in ss], "origin string, sensor string"
         )
         rows = (
-            windows.join(F.broadcast(wanted), ["origin", "sensor"], "left_semi")
+            windows.join(F.broadcast(wanted), on=["origin", "sensor"], how="left_semi")
             .select(
                 "origin",
                 "sensor",
@@ -292,7 +293,8 @@ def render(f: Facts) -> str:
     if f.heatmap:
         out += ["<h2>The fleet</h2>", _img(f.heatmap, "readings per origin over time")]
     out.append(
-        f"<h2>Data quality</h2><p>Late: received more than {T.LATE_AFTER_S // 60} minutes after "
+        "<h2>Data quality</h2><p>Late: received more than "
+        f"{transforms.LATE_AFTER_S // 60} minutes after "
         "it was taken. Clock-flagged: taken while the gateway's clock was not synchronised "
         "(<code>clock_unsynced</code>, <code>clock_corrected</code>). Quarantined lines are "
         "counted per origin (below). Highlighted rows have late, clock-flagged or quarantined "

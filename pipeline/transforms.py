@@ -295,14 +295,16 @@ def against_seen(candidates: DataFrame, seen: DataFrame) -> DataFrame:
     A candidate that does not win never reaches ``readings`` or a rollup.
     """
     order = copy_order(F.col("received"), F.col("gateway"))
-    hit = seen.join(candidates.select("id"), "id", "left_semi")
+    hit = seen.join(candidates.select("id"), on="id", how="left_semi")
     kept = hit.groupBy("id").agg(
         F.min_by(F.struct(*[c for c in SEEN_COLUMNS if c != "id"]), order).alias("kept")
     )
     beats = copy_order(F.col("received"), F.col("gateway")) < copy_order(
         F.col("kept.received"), F.col("kept.gateway")
     )
-    return candidates.join(kept, "id", "left").withColumn("wins", F.col("kept").isNull() | beats)
+    return candidates.join(kept, on="id", how="left").withColumn(
+        "wins", F.col("kept").isNull() | beats
+    )
 
 
 def winners(decided: DataFrame) -> DataFrame:
@@ -352,7 +354,7 @@ def quality(
         F.max("delay").alias("max_delay_s"),
     )
     zero = F.lit(0).cast(LongType())
-    return came.join(stayed, ["origin", "sensor"], "full").select(
+    return came.join(stayed, on=["origin", "sensor"], how="full").select(
         "origin",
         "sensor",
         F.coalesce(F.col("lines_in").cast(LongType()), zero).alias("lines_in"),
