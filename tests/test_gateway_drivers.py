@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,15 +36,24 @@ def _sensors(*entries: dict[str, Any]) -> list[Any]:
     return list(cfg.sensors)
 
 
-async def _run(store: Store, drivers: Drivers, intake: Intake, seconds: float) -> None:
+async def _run_until(drivers: Drivers, intake: Intake, done: Callable[[], bool]) -> None:
     task = asyncio.create_task(intake.run())
     tasks = drivers.tasks()
-    await asyncio.sleep(seconds)
+    async with asyncio.timeout(60):
+        while not done():
+            await asyncio.sleep(0.05)
+    await _stop(tasks, intake, task)
+
+
+async def _stop(
+    tasks: list[asyncio.Task[None]], intake: Intake, committing: asyncio.Task[None]
+) -> None:
+    """Stop the drivers, then the intake, which commits what they handed over."""
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     intake.close()
-    await task
+    await committing
 
 
 def test_a_crashing_driver_is_restarted_and_does_not_stop_the_others(
@@ -63,8 +73,8 @@ def test_a_crashing_driver_is_restarted_and_does_not_stop_the_others(
     with Store(tmp_path / "s.db", gateway_id="g") as store:
         intake = Intake(store)
         d = Drivers(sensors, SimulatedFactory, intake, ClockWatch(), lambda c: None)
-        asyncio.run(_run(store, d, intake, 1.5))
         bad, good = d.status["bad"], d.status["good"]
+        asyncio.run(_run_until(d, intake, lambda: bad.restarts >= 3 and good.readings >= 20))
         assert bad.restarts >= 3 and bad.last_error == "OSError: adapter unplugged"
         assert bad.readings == 0
         assert good.restarts == 0 and good.readings >= 20
@@ -81,30 +91,31 @@ def test_pulse_total_survives_a_restart(tmp_path: Path) -> None:
         factories.append(SimulatedFactory())
         return factories[-1]
 
-    async def run_with_pulses(store: Store, n: int) -> Drivers:
+    async def run_with_pulses(store: Store, n: int, total: float) -> Drivers:
+        """``n`` pulses, then wait until the driver has reported ``total``."""
         intake = Intake(store)
         d = Drivers(sensors, factory, intake, ClockWatch(), lambda c: None)
         task = asyncio.create_task(intake.run())
+        made = len(factories)
         tasks = d.tasks()
-        await asyncio.sleep(0.05)
-        pin = factories[-1].pins[5]
-        for _ in range(n):  # falling edges, 20 ms apart: beyond the 10 ms debounce
-            pin.drive(False)
-            await asyncio.sleep(0.01)
-            pin.drive(True)
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.5)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        intake.close()
-        await task
+        async with asyncio.timeout(30):
+            while len(factories) == made or "rain" not in d.drivers:  # the driver is up
+                await asyncio.sleep(0.01)
+            pin = factories[-1].pins[5]
+            for _ in range(n):  # falling edges, 20 ms apart: beyond the 10 ms debounce
+                pin.drive(False)
+                await asyncio.sleep(0.01)
+                pin.drive(True)
+                await asyncio.sleep(0.01)
+            while d.status["rain"].last.get("rain.total", (None,))[0] != total:
+                await asyncio.sleep(0.05)
+        await _stop(tasks, intake, task)
         return d
 
     with Store(tmp_path / "s.db", gateway_id="g") as store:
-        asyncio.run(run_with_pulses(store, 7))
+        asyncio.run(run_with_pulses(store, 7, 7.0))
         assert store.get_state(pulses_key("rain")) == "7"
-        d = asyncio.run(run_with_pulses(store, 5))
+        d = asyncio.run(run_with_pulses(store, 5, 12.0))
         assert store.get_state(pulses_key("rain")) == "12"
         assert d.status["rain"].last["rain.total"][0] == 12.0
 
@@ -126,11 +137,7 @@ def test_a_gps_on_the_gateway_hands_its_time_to_the_clock(tmp_path: Path) -> Non
             while not fixes:  # a receiver repeats its sentences every second
                 gps.write(GGA + RMC)
                 await asyncio.sleep(0.1)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        intake.close()
-        await committing
+        await _stop(tasks, intake, committing)
         return d
 
     try:
