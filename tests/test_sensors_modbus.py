@@ -36,8 +36,16 @@ async def serve(port: int) -> ModbusTcpServer:
     context = ModbusServerContext(devices={7: store}, single=False)
     server = ModbusTcpServer(context, framer=FramerType.RTU, address=("127.0.0.1", port))
     _tasks.append(asyncio.create_task(server.serve_forever()))
-    await asyncio.sleep(0.2)
-    return server
+    async with asyncio.timeout(30):
+        while True:  # until it listens
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.02)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return server
 
 
 def test_modbus_register_map_scaled() -> None:
