@@ -24,7 +24,8 @@ import duckdb
 
 COLUMNS = (
     "{id: 'VARCHAR', origin: 'VARCHAR', sensor: 'VARCHAR', ts: 'VARCHAR', value: 'DOUBLE', "
-    "unit: 'VARCHAR', flags: 'VARCHAR[]', gateway: 'VARCHAR', received: 'VARCHAR'}"
+    "unit: 'VARCHAR', flags: 'VARCHAR[]', kind: 'VARCHAR', gateway: 'VARCHAR', "
+    "received: 'VARCHAR'}"
 )
 ROLLUP = """
     count(value)::BIGINT AS count, min(value) AS min, max(value) AS max,
@@ -32,7 +33,7 @@ ROLLUP = """
     sum(value::DECIMAL(18,3))::DOUBLE / count(value) AS mean,
     arg_min(value, {'t': ts, 'i': id}) AS first_value, min(ts) AS first_ts,
     arg_max(value, {'t': ts, 'i': id}) AS last_value, max(ts) AS last_ts,
-    max(unit) AS unit
+    max(unit) AS unit, max(kind) AS kind
 """
 
 
@@ -57,12 +58,15 @@ def build(
     con.execute(
         """
         CREATE OR REPLACE TABLE valid AS
-        SELECT id, origin, sensor, t AS ts, value, unit, flags, gateway, r AS received
+        SELECT id, origin, sensor, t AS ts, value, unit, flags, k AS kind, gateway,
+               r AS received
         FROM (SELECT *, try_strptime(ts, '%Y-%m-%dT%H:%M:%S.%gZ') AS t,
-                        try_strptime(received, '%Y-%m-%dT%H:%M:%S.%gZ') AS r FROM lines)
+                        try_strptime(received, '%Y-%m-%dT%H:%M:%S.%gZ') AS r,
+                        coalesce(kind, 'gauge') AS k FROM lines)
         WHERE id IS NOT NULL AND id <> '' AND origin IS NOT NULL AND sensor IS NOT NULL
           AND t IS NOT NULL AND NOT coalesce(isnan(value) OR isinf(value), false)
           AND NOT coalesce(abs(value) >= 1e15, false)
+          AND k IN ('gauge', 'counter', 'total')
           AND t >= TIMESTAMP '2000-01-01'
           AND NOT (r IS NOT NULL AND t > r + INTERVAL 1 DAY)
         """
@@ -110,7 +114,9 @@ def build_quarantine(landing: Path, con: duckdb.DuckDBPyConnection) -> None:
                    CASE WHEN ok THEN try_strptime(json_extract_string(j, '$.received'), {TS})
                    END AS r,
                    CASE WHEN ok THEN try_cast(json_extract_string(j, '$.value') AS DOUBLE)
-                   END AS v
+                   END AS v,
+                   CASE WHEN ok THEN coalesce(json_extract_string(j, '$.kind'), 'gauge')
+                   END AS k
             FROM (SELECT j, CASE WHEN json_valid(j) THEN json_type(j) = 'OBJECT' ELSE false
                             END AS ok FROM raw)
         )
@@ -122,6 +128,7 @@ def build_quarantine(landing: Path, con: duckdb.DuckDBPyConnection) -> None:
                  WHEN t IS NULL THEN 'bad_ts'
                  WHEN isnan(v) OR isinf(v) THEN 'value_not_finite'
                  WHEN abs(v) >= 1e15 THEN 'value_out_of_range'
+                 WHEN k NOT IN ('gauge', 'counter', 'total') THEN 'bad_kind'
                  WHEN t < TIMESTAMP '2000-01-01' THEN 'ts_before_2000'
                  WHEN r IS NOT NULL AND t > r + INTERVAL 1 DAY THEN 'ts_in_future'
                END AS reason, id, origin, sensor
@@ -137,13 +144,13 @@ def spark_table(con: duckdb.DuckDBPyConnection, warehouse: Path, table: str, col
 
 
 READINGS_COLS = (
-    "id, origin, sensor, ts::TIMESTAMP AS ts, value, unit, flags, gateway, "
+    "id, origin, sensor, ts::TIMESTAMP AS ts, value, unit, flags, kind, gateway, "
     "received::TIMESTAMP AS received"
 )
 ROLLUP_COLS = (
     "origin, sensor, window_start::TIMESTAMP AS window_start, count, min, max, sum, mean, "
     "first_value, first_ts::TIMESTAMP AS first_ts, last_value, last_ts::TIMESTAMP AS last_ts, "
-    "unit"
+    "unit, kind"
 )
 
 

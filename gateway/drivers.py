@@ -80,7 +80,8 @@ class IntakeSink:
 
     def reading(self, r: SensorReading) -> None:
         ts, flags = self.watch.stamp(r.mono)
-        self.intake.add(Reading(r.sensor, r.value, ts, r.unit, None, (*flags, *r.flags)))
+        flags = (*flags, *r.flags)
+        self.intake.add(Reading(r.sensor, r.value, ts, r.unit, None, flags, kind=r.kind))
         self.status.readings += 1
         self.status.last[r.sensor] = (r.value, r.unit, ts)
         if isinstance(self.driver, PulseCounter):

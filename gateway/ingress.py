@@ -510,6 +510,7 @@ class Ingress:
                 origin=node,
                 flags=flags,
                 id=f"{prefix}{i}",
+                kind=rd.kind,
             )
             for i, rd in enumerate(msg.readings)
         ]

@@ -452,6 +452,7 @@ def _schema_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
 _ID, _TS = _schema_patterns()
 _TOP_KEYS = frozenset({"v", "gateway", "readings"})
 _READING_KEYS = frozenset({"id", "origin", "sensor", "ts", "value", "unit", "flags"})
+_KINDED_KEYS = _READING_KEYS | {"kind"}  # a counter's or a total's (a gauge's says nothing)
 
 
 def _plainly_valid(msg: Any) -> bool:
@@ -470,7 +471,9 @@ def _plainly_valid(msg: Any) -> bool:
         return False
     id_ok, ts_ok, keys = _ID.search, _TS.search, _READING_KEYS
     for r in readings:
-        if type(r) is not dict or r.keys() != keys:
+        if type(r) is not dict:
+            return False
+        if r.keys() != keys and (r.keys() != _KINDED_KEYS or r["kind"] not in wire.KINDS):
             return False
         rid, origin, sensor, ts = r["id"], r["origin"], r["sensor"], r["ts"]
         value, unit, flags = r["value"], r["unit"], r["flags"]

@@ -45,6 +45,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ..sync.wire import GAUGE, KINDS
+
 CORRUPT = "_corrupt_record"
 
 LANDING_SCHEMA = StructType(
@@ -56,6 +58,7 @@ LANDING_SCHEMA = StructType(
         StructField("value", DoubleType()),
         StructField("unit", StringType()),
         StructField("flags", ArrayType(StringType())),
+        StructField("kind", StringType()),
         StructField("gateway", StringType()),
         StructField("received", StringType()),
         StructField(CORRUPT, StringType()),
@@ -71,6 +74,7 @@ READINGS_SCHEMA = StructType(
         StructField("value", DoubleType()),
         StructField("unit", StringType()),
         StructField("flags", ArrayType(StringType())),
+        StructField("kind", StringType()),  # null in readings written before kinds: gauge
         StructField("gateway", StringType()),
         StructField("received", TimestampType()),
         StructField("date", StringType(), False),
@@ -94,6 +98,7 @@ ROLLUP_FIELDS = [
     StructField("last_value", DoubleType()),
     StructField("last_ts", TimestampType()),
     StructField("unit", StringType()),
+    StructField("kind", StringType()),  # null in rollups written before kinds: gauge
 ]
 ROLLUP_1M_SCHEMA = StructType(
     [*ROLLUP_FIELDS, StructField("date", StringType()), StructField("hour", IntegerType())]
@@ -171,6 +176,7 @@ def parse_landing(lines: DataFrame) -> DataFrame:
     """
     ts = F.try_to_timestamp("ts", F.lit(TS_FORMAT))
     received = F.try_to_timestamp("received", F.lit(TS_FORMAT))
+    kind = F.coalesce(F.col("kind"), F.lit(GAUGE))
     reason = (
         F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed_line"))
         .when(F.col("id").isNull() | (F.col("id") == ""), F.lit("missing_id"))
@@ -179,6 +185,7 @@ def parse_landing(lines: DataFrame) -> DataFrame:
         .when(ts.isNull(), F.lit("bad_ts"))
         .when(F.isnan("value") | (F.abs("value") == F.lit(float("inf"))), F.lit("value_not_finite"))
         .when(F.abs("value") >= F.lit(MAX_ABS), F.lit("value_out_of_range"))
+        .when(~kind.isin(*KINDS), F.lit("bad_kind"))
         .when(ts < F.lit(EARLIEST).cast(TimestampType()), F.lit("ts_before_2000"))
         .when(
             received.isNotNull() & (ts > received + F.expr("INTERVAL 1 DAY")),
@@ -193,6 +200,7 @@ def parse_landing(lines: DataFrame) -> DataFrame:
         "value",
         "unit",
         "flags",
+        kind.alias("kind"),
         "gateway",
         ts.alias("ts_t"),
         received.alias("received_t"),
@@ -222,6 +230,7 @@ def valid_readings(parsed: DataFrame, batch: int) -> DataFrame:
         "value",
         "unit",
         "flags",
+        "kind",
         "gateway",
         F.col("received_t").alias("received"),
         F.date_format("ts_t", "yyyy-MM-dd").alias("date"),
@@ -400,8 +409,14 @@ def _rollup_select(grouped_cols: list[str], extra: list[Column]) -> list[Column]
         F.col("last.v").alias("last_value"),
         F.col("last.t").alias("last_ts"),
         F.col("unit"),
+        F.col("kind"),
         *extra,
     ]
+
+
+def _kind() -> Column:
+    """A window's kind: its sensor's (a sensor has one; null, from before kinds, is gauge)."""
+    return F.max(F.coalesce(F.col("kind"), F.lit(GAUGE))).alias("kind")
 
 
 def rollup_minutes(readings: DataFrame) -> DataFrame:
@@ -419,6 +434,7 @@ def rollup_minutes(readings: DataFrame) -> DataFrame:
         F.sum(F.col("value").cast(DecimalType(18, 3))).cast(SUM).alias("sum"),
         *_first_last(F.col("ts"), F.col("id"), F.col("value")),
         F.max("unit").alias("unit"),
+        _kind(),
     )
     return agg.select(
         _rollup_select(["origin", "sensor", "window_start"], [F.col("date"), F.col("hour")])
@@ -444,6 +460,7 @@ def rollup_up(finer: DataFrame, unit: str) -> DataFrame:
             F.struct("last_ts", "window_start"),
         ).alias("last"),
         F.max("unit").alias("unit"),
+        _kind(),
     )
     return agg.select(
         _rollup_select(

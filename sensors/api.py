@@ -39,6 +39,9 @@ class SensorReading:
     flags: Sequence[str] = ()
     # Monotonic time of the reading, so the gateway can correct ts once time syncs.
     mono: float = field(default_factory=time.monotonic)
+    # A level (gauge), a count since the last reading (counter) or a running total:
+    # the rollups sum a counter and chart a total by its last value, not by a mean.
+    kind: str = "gauge"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +50,7 @@ class SensorReading:
             "value": self.value,
             "unit": self.unit,
             "flags": list(self.flags),
+            "kind": self.kind,
         }
 
 

@@ -73,12 +73,13 @@ class PulseCounter(Driver):
         mono = time.monotonic()
         amount = n * self.scale
         rate = amount / elapsed_s * 3600 if elapsed_s > 0 else 0.0
-        for suffix, value, unit in (
-            ("count", amount, self.unit),
-            ("total", self.pulses_total * self.scale, self.unit),
-            ("rate", rate, f"{self.unit}/h"),
+        for suffix, value, unit, kind in (
+            ("count", amount, self.unit, "counter"),
+            ("total", self.pulses_total * self.scale, self.unit, "total"),
+            ("rate", rate, f"{self.unit}/h", "gauge"),
         ):
-            sink.reading(SensorReading(f"{self.sensor}.{suffix}", round(value, 6), unit, mono=mono))
+            channel = f"{self.sensor}.{suffix}"
+            sink.reading(SensorReading(channel, round(value, 6), unit, mono=mono, kind=kind))
 
     async def run(self, sink: Sink) -> None:
         last = time.monotonic()

@@ -18,7 +18,7 @@ from .client import ConnectOptions, TLSOptions
 from .packets import MQTT_5, MQTT_311
 from .store import Reading, Store
 from .uplink import Uplink, UplinkConfig
-from .wire import wire_time
+from .wire import GAUGE, KINDS, wire_time
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def parse_jsonl(path: Path) -> Iterator[Reading]:
                 raise BadLine(f"{path}:{n}: not JSON: {exc.msg}") from None
             if not isinstance(obj, dict):
                 raise BadLine(f"{path}:{n}: expected a JSON object")
-            unknown = obj.keys() - {"sensor", "ts", "value", "unit", "origin", "flags"}
+            unknown = obj.keys() - {"sensor", "ts", "value", "unit", "origin", "flags", "kind"}
             if unknown:
                 raise BadLine(f"{path}:{n}: unknown keys {sorted(unknown)}")
             sensor, value = obj.get("sensor"), obj.get("value")
@@ -69,6 +69,9 @@ def parse_jsonl(path: Path) -> Iterator[Reading]:
             flags = obj.get("flags", [])
             if not isinstance(flags, list) or not all(isinstance(x, str) for x in flags):
                 raise BadLine(f"{path}:{n}: 'flags' must be a list of strings")
+            kind = obj.get("kind", GAUGE)
+            if kind not in KINDS:
+                raise BadLine(f"{path}:{n}: 'kind' must be one of {', '.join(KINDS)}")
             yield Reading(
                 sensor,
                 None if value is None else float(value),
@@ -76,6 +79,7 @@ def parse_jsonl(path: Path) -> Iterator[Reading]:
                 obj.get("unit"),
                 obj.get("origin"),
                 flags,
+                kind=kind,
             )
 
 

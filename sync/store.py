@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from .session import OutState
-from .wire import encode_readings
+from .wire import GAUGE, encode_readings
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,7 @@ class Reading:
     origin: str | None = None  # default: the gateway id
     flags: Sequence[str] = ()
     id: str | None = None  # default: origin/epoch/seq
+    kind: str = GAUGE  # gauge, counter or total (sync.wire.Kind)
 
 
 QUEUED = "QUEUED"
@@ -808,17 +809,18 @@ class Store:
             if not chunk:
                 first = self._seq
             origin = r.origin or self.gateway_id
-            chunk.append(
-                {
-                    "id": r.id or f"{origin}/{self.epoch}/{self._seq}",
-                    "origin": origin,
-                    "sensor": r.sensor,
-                    "ts": r.ts,
-                    "value": None if r.value is None else float(r.value),
-                    "unit": r.unit,
-                    "flags": list(r.flags),
-                }
-            )
+            reading = {
+                "id": r.id or f"{origin}/{self.epoch}/{self._seq}",
+                "origin": origin,
+                "sensor": r.sensor,
+                "ts": r.ts,
+                "value": None if r.value is None else float(r.value),
+                "unit": r.unit,
+                "flags": list(r.flags),
+            }
+            if r.kind != GAUGE:  # absent means gauge: most readings, and old bodies, say nothing
+                reading["kind"] = r.kind
+            chunk.append(reading)
             if len(chunk) == ROW_READINGS:
                 yield from _packed_rows(first, chunk, now)
                 chunk = []

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -43,12 +43,19 @@ _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=Tr
 _TS = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z$"
 
 
+# What a value is (docs/wire-format.md): a level, a count per interval, a running total.
+Kind = Literal["gauge", "counter", "total"]
+GAUGE: Kind = "gauge"
+KINDS: tuple[Kind, ...] = ("gauge", "counter", "total")
+
+
 class NodeReading(BaseModel):
     model_config = _STRICT
     sensor: Annotated[str, Field(min_length=1, max_length=64)]
     value: float | None
     unit: Annotated[str, Field(max_length=16)] | None
     dt: Annotated[float, Field(ge=0)] = 0.0
+    kind: Kind = GAUGE
 
 
 class NodeMessage(BaseModel):

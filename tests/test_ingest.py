@@ -247,7 +247,8 @@ def test_sigkill_between_write_and_pubrec_then_the_pipeline_has_each_once(
 _junk = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from(["", "a", "a/b/c", "a//c", "a/b/c\n", "x/y/z/w", "2026-11-21T00:00:01.000Z",
-                     "2026-11-21T00:00:01Z", "2026-11-21T00:00:01.000Z\n", "C"]),
+                     "2026-11-21T00:00:01Z", "2026-11-21T00:00:01.000Z\n", "C",
+                     "gauge", "counter", "total", "rate"]),
     st.lists(st.sampled_from(["a", "a", 1]), max_size=3), st.just({}),
 )  # fmt: skip
 
@@ -263,7 +264,7 @@ def _near_valid(draw: st.DrawFn) -> dict[str, Any]:
     msg: dict[str, Any] = {"v": 1, "gateway": "gw", "readings": readings}
     for _ in range(draw(st.integers(0, 2))):
         target = draw(st.sampled_from([msg, *readings]))
-        key = draw(st.sampled_from([*target, "extra"]))
+        key = draw(st.sampled_from([*target, "extra", "kind"]))
         if draw(st.integers(0, 4)) == 0:
             target.pop(key, None)
         else:
@@ -279,6 +280,15 @@ def test_the_fast_schema_check_is_never_more_lenient_than_the_schema(msg: dict[s
     schema_ok = not list(wire.validator(wire.CLOUD_SCHEMA).iter_errors(msg))
     if ingest._plainly_valid(msg):
         assert schema_ok, msg
+
+
+def test_a_counter_or_a_total_takes_the_fast_check_and_a_bad_kind_does_not() -> None:
+    reading = {"id": "gw/e/1", "origin": "gw", "sensor": "rain.count", "ts": None,
+               "value": 0.2, "unit": "mm", "flags": []}  # fmt: skip
+    for kind, ok in (("counter", True), ("total", True), ("gauge", True), ("rate", False)):
+        msg = {"v": 1, "gateway": "gw", "readings": [reading | {"kind": kind}]}
+        assert ingest._plainly_valid(msg) is ok, kind
+        assert (not list(wire.validator(wire.CLOUD_SCHEMA).iter_errors(msg))) is ok, kind
 
 
 def test_one_encoder_call_gives_the_same_lines_as_one_call_a_reading() -> None:

@@ -31,6 +31,8 @@ BAD_LINES = [
     '{"origin": "gw", "sensor": "s", "ts": "2026-11-21T00:00:00.000Z", "value": 1}',
     '{"id": "gw/e/bad5", "origin": "gw", "sensor": "s", "ts": "2026-11-21T00:00:00.000Z",'
     ' "value": 1e300}',
+    '{"id": "gw/e/bad6", "origin": "gw", "sensor": "s", "ts": "2026-11-21T00:00:00.000Z",'
+    ' "value": 1, "kind": "rate"}',
 ]
 REASONS = {
     "malformed_line": 1,
@@ -40,6 +42,7 @@ REASONS = {
     "value_not_finite": 1,
     "missing_id": 1,
     "value_out_of_range": 1,
+    "bad_kind": 1,
 }
 
 
@@ -146,6 +149,44 @@ def _clockless_node_copies(
         }  # fmt: skip
         out.append(json.dumps(rec))
     return out
+
+
+def test_each_kind_is_rolled_up_for_what_it_is(spark: Any, tmp_path: Path) -> None:
+    """A gauge (no kind: as before kinds), a counter and a total over three minutes: the
+    rollups carry each sensor's kind, the counter's sum is its tips, the total's last
+    value its running total (a reset included); DuckDB agrees on every column."""
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    tips = [1, 0, 2, 3, 0, 1, 2, 2, 0]  # per 20 s
+    total, lines = 0.0, []
+    for i, n in enumerate(tips):
+        t = t0 + timedelta(seconds=20 * i + 5)
+        total = 0.0 if i == 6 else total + 0.2 * n  # the gauge restarted at 10:02:05
+        for sensor, value, kind in (
+            ("air.temp", 4.0 + i / 10, None),
+            ("rain.count", round(0.2 * n, 6), "counter"),
+            ("rain.total", round(total, 6), "total"),
+        ):
+            rec = {
+                "id": f"gw/e/{i}.{sensor}", "origin": "gw", "sensor": sensor, "ts": _iso(t),
+                "value": value, "unit": "mm", "flags": [], "gateway": "gw",
+                "received": _iso(t + timedelta(seconds=1)),
+            }  # fmt: skip
+            if kind:
+                rec["kind"] = kind
+            lines.append(json.dumps(rec))
+    _land(landing, "kinds", lines)
+    _run(spark, landing, wh)
+    rows = spark.read.parquet(str(wh / "rollup_1m")).orderBy("sensor", "window_start").collect()
+    kinds = {r["sensor"]: r["kind"] for r in rows}
+    assert kinds == {"air.temp": "gauge", "rain.count": "counter", "rain.total": "total"}
+    counts = [float(r["sum"]) for r in rows if r["sensor"] == "rain.count"]
+    assert counts == [0.6, 0.8, 0.8]  # tips x 0.2 mm in each minute
+    totals = [r["last_value"] for r in rows if r["sensor"] == "rain.total"]
+    assert totals == [pytest.approx(0.6), pytest.approx(1.4), pytest.approx(0.4)]
+    days = spark.read.parquet(str(wh / "rollup_1d")).collect()
+    assert {r["sensor"]: r["kind"] for r in days} == kinds
+    _agrees(landing, wh)
 
 
 def _land(landing: Path, name: str, lines: list[str]) -> None:

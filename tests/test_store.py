@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pubcomp.sync import wire
 from pubcomp.sync.session import Outgoing, OutState
 from pubcomp.sync.store import (
     QUEUED,
@@ -422,3 +423,20 @@ def test_stats_count_a_completed_message_as_delivered_before_its_lazy_deletion(
         assert s.stats()["backlog"] == 6  # and the range is dropped once its rows are gone
         s.append(readings(2, 10))
         assert s.stats()["backlog"] == 8
+
+
+def test_a_counter_or_total_carries_its_kind_and_a_gauge_says_nothing(tmp_path: Path) -> None:
+    """docs/wire-format.md: ``kind`` is absent for a gauge (old bodies and most readings)."""
+    ts = "2026-11-21T00:00:00.000Z"
+    batch = [
+        Reading("air.temp", 4.5, ts, "C"),
+        Reading("rain.count", 0.4, ts, "mm", kind="counter"),
+        Reading("rain.total", 12.2, ts, "mm", kind="total"),
+    ]
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        s.append(batch)
+        got = s.readings_between(1, 3)
+    assert [r.get("kind") for r in got] == [None, "counter", "total"]
+    assert not list(
+        wire.validator(wire.CLOUD_SCHEMA).iter_errors({"v": 1, "gateway": "gw", "readings": got})
+    )
