@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import os
 import threading
 import time
@@ -44,14 +45,17 @@ class SensorBench:
         while not self._stop.wait(1.0):
             t = time.time()
             self._write_probe(t)
-            pm25 = int(12 + 8 * math.sin(t / 20))
+            # Town air: a slow swell over a quarter of an hour, a little noise.
+            pm25 = max(int(12 + 3 * math.sin(t / 150) + random.gauss(0, 0.7)), 0)
             frame = pms5003.encode_frame(max(pm25 - 4, 0), pm25, pm25 + 6)
             with contextlib.suppress(BlockingIOError, OSError):
                 os.write(self.master, frame)
                 self.frames += 1
 
     def _write_probe(self, t: float) -> None:
-        millideg = int(1000 * (21.5 + 1.5 * math.sin(t / 30)))
+        # A cabinet warming and cooling with the day (about a degree an hour at most),
+        # with the probe's 1/16 degree steps of noise.
+        millideg = int(1000 * (21.5 + 0.4 * math.sin(t / 1800) + random.choice((-1, 0, 1)) / 16))
         tmp = self.w1 / PROBE / "temperature.tmp"
         tmp.write_text(f"{millideg}\n")
         tmp.replace(self.w1 / PROBE / "temperature")

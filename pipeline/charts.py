@@ -20,13 +20,28 @@ DPI = 80
 
 @dataclass
 class Series:
-    """One sensor's rollup windows, oldest first."""
+    """One sensor's rollup windows, oldest first, and what its values are (its kind)."""
 
     unit: str = ""
+    kind: str = "gauge"
     starts: list[datetime] = field(default_factory=list)
     mean: list[float] = field(default_factory=list)
     low: list[float] = field(default_factory=list)
     high: list[float] = field(default_factory=list)
+    sums: list[float] = field(default_factory=list)
+    last: list[float] = field(default_factory=list)
+    # The first window began before the data did, or the last ended after it: drawn
+    # lighter, since a counter's sum there (or a gauge's mean) covers part of a window.
+    partial_first: bool = False
+    partial_last: bool = False
+
+
+# How each kind is drawn, and how its panel says so (docs/pipeline.md).
+TITLES = {
+    "gauge": "mean per {per}, min-max band",
+    "counter": "sum per {per}",
+    "total": "running total at the end of each {per}",
+}
 
 
 def png(fig: Figure) -> bytes:
@@ -38,8 +53,12 @@ def png(fig: Figure) -> bytes:
 
 def _time_axis(ax: plt.Axes) -> None:
     locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+    formatter = mdates.ConciseDateFormatter(locator)
+    # Seconds as HH:MM:SS: the default "10, 20, 30" between minute labels read as minutes.
+    formatter.formats[5] = "%H:%M:%S"
+    formatter.zero_formats[5] = "%H:%M"
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    ax.xaxis.set_major_formatter(formatter)
 
 
 def fleet_heatmap(
@@ -70,21 +89,44 @@ def _one(per: str) -> timedelta:
 
 
 def sensor_panels(origin: str, series: dict[str, Series], per: str) -> bytes:
-    """One panel per sensor: the mean of each window, with its min-max band."""
+    return png(sensor_figure(origin, series, per))
+
+
+def sensor_figure(origin: str, series: dict[str, Series], per: str) -> Figure:
+    """One panel per sensor, drawn by its kind: a gauge's mean with its min-max band, a
+    counter's sum as bars, a total's value at each window's end as steps. Each window
+    has its width (the last one too); windows the data only partly covers are lighter."""
     names = sorted(series)
     fig, axes = plt.subplots(
         len(names), 1, figsize=(10, 1.7 * len(names) + 0.5), sharex=True, squeeze=False
     )
+    step = _one(per)
     for ax, name in zip(axes[:, 0], names, strict=True):
         s = series[name]
-        x = mdates.date2num(s.starts)
-        ax.fill_between(x, s.low, s.high, color="tab:blue", alpha=0.2, linewidth=0, step="post")
-        ax.plot(x, s.mean, color="tab:blue", linewidth=1, drawstyle="steps-post")
-        ax.set_ylabel(s.unit or "value", fontsize=8)
-        ax.set_title(f"{name}: mean per {per}, min-max band", fontsize=9, loc="left")
+        edges = mdates.date2num([*s.starts, s.starts[-1] + step])
+        alpha = np.ones(len(s.starts))
+        alpha[0] = 0.35 if s.partial_first else 1.0
+        alpha[-1] = 0.35 if s.partial_last else alpha[-1]
+        if s.kind == "counter":
+            colours = [(*matplotlib.colors.to_rgb("tab:blue"), 0.8 * a) for a in alpha]
+            ax.bar(edges[:-1], s.sums, width=np.diff(edges), align="edge", color=colours)
+            unit = f"{s.unit or 'count'} / {per}"
+        else:
+            values = s.last if s.kind == "total" else s.mean
+            if s.kind == "gauge":
+                ax.stairs(s.high, edges, baseline=s.low, fill=True, color="tab:blue", alpha=0.2)
+            ax.stairs(values, edges, color="tab:blue", linewidth=1)
+            for i in (0, len(values) - 1):
+                if alpha[i] < 1:  # a partial window: dashed over its own width
+                    ax.hlines(values[i], edges[i], edges[i + 1], colors="white", linestyles=":")
+            unit = s.unit or "value"
+        ax.set_ylabel(unit, fontsize=8)
+        note = ", lighter: partly covered" if s.partial_first or s.partial_last else ""
+        title = TITLES.get(s.kind, TITLES["gauge"]).format(per=per)
+        ax.set_title(f"{name}: {title}{note}", fontsize=9, loc="left")
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     _time_axis(axes[-1, 0])
-    fig.suptitle(origin, fontsize=11, x=0.01, ha="left")
+    fig.suptitle(f"{origin} (UTC)", fontsize=11, x=0.01, ha="left")
     fig.tight_layout()
-    return png(fig)
+    return fig

@@ -71,6 +71,10 @@ class Facts:
         return out
 
 
+def _window_micros(per: str) -> int:
+    return {"minute": 60, "hour": 3600}.get(per, 86400) * 1_000_000
+
+
 def _utc(micros: int | None) -> datetime | None:
     if micros is None:
         return None
@@ -177,7 +181,7 @@ class Report:
             return
         origins = sorted({r.origin for r in rows})
         starts = sorted({r.w for r in rows})
-        step = {"minute": 60, "hour": 3600}.get(f.per, 86400) * 1_000_000
+        step = _window_micros(f.per)
         grid = list(range(starts[0], starts[-1] + step, step))  # gaps are columns too
         col = {w: i for i, w in enumerate(grid)}
         row = {o: i for i, o in enumerate(origins)}
@@ -202,18 +206,40 @@ class Report:
                 "mean",
                 "min",
                 "max",
+                F.col("sum").cast("double").alias("total"),
+                "last_value",
+                F.unix_micros("first_ts").alias("first_t"),
+                F.unix_micros("last_ts").alias("last_t"),
                 "unit",
+                F.coalesce(F.col("kind"), F.lit("gauge")).alias("kind"),
             )
             .orderBy("origin", "sensor", "w")
             .collect()
         )
         series: dict[str, dict[str, charts.Series]] = {}
+        edges: dict[tuple[str, str], tuple[int, int, int]] = {}  # first_t, last w, last_t
         for r in rows:
-            s = series.setdefault(r.origin, {}).setdefault(r.sensor, charts.Series(r.unit or ""))
+            by_sensor = series.setdefault(r.origin, {})
+            s = by_sensor.setdefault(r.sensor, charts.Series(r.unit or "", r.kind))
+            if not s.starts:
+                edges[(r.origin, r.sensor)] = (r.first_t, r.w, r.last_t)
             s.starts.append(_utc(r.w))  # type: ignore[arg-type]
             s.mean.append(r.mean)
             s.low.append(r["min"])
             s.high.append(r["max"])
+            s.sums.append(r.total)
+            s.last.append(r.last_value)
+            first_t = edges[(r.origin, r.sensor)][0]
+            edges[(r.origin, r.sensor)] = (first_t, r.w, r.last_t)
+        window = _window_micros(f.per)
+        for (origin, sensor), (first_t, last_w, last_t) in edges.items():
+            s = series[origin][sensor]
+            start = int(s.starts[0].timestamp() * 1_000_000)
+            # Partly covered: the data began a tenth of a window after it opened, or
+            # ended a tenth before it closed (a sensor reporting every few seconds
+            # leaves less than that at either end of a full window).
+            s.partial_first = first_t - start > window // 10
+            s.partial_last = last_w + window - last_t > window // 10
         for origin, by_sensor in series.items():
             f.panels[origin] = charts.sensor_panels(origin, by_sensor, f.per)
 
@@ -340,10 +366,30 @@ def render(f: Facts) -> str:
                 "(<code>--max-origins</code>).</p>"
             )
     if f.runs:
-        keys = ["started", "files", "readings_in", "duplicates_removed", "quarantined", "seconds"]
-        rrows = [([str(r.get(k, "")) for k in keys], False) for r in reversed(f.runs)]
-        out += ["<h2>Recent pipeline runs</h2>", _table(keys, rrows, "runs")]
+        rrows = [(_run_cells(r), False) for r in reversed(f.runs)]
+        out += ["<h2>Recent pipeline runs</h2>", _table(RUN_HEADERS, rrows, "runs")]
     return "".join([*out, "</body></html>"])
+
+
+RUN_HEADERS = ["started (UTC)", "files", "readings read", "duplicates removed", "quarantined"]
+RUN_HEADERS += ["seconds"]
+
+
+def _run_cells(run: dict[str, Any]) -> list[str]:
+    """A run summary (``_runs/run-*.json``) as the table shows it: times like the
+    others on the page, counts with thousands separators."""
+    started = run.get("started")
+    try:
+        when = _when(datetime.fromisoformat(str(started).replace("Z", "+00:00")))
+    except ValueError:
+        when = str(started or "-")
+    counts = [run.get(k) for k in ("files", "readings_in", "duplicates_removed", "quarantined")]
+    seconds = run.get("seconds")
+    return [
+        when,
+        *(f"{c:,}" if isinstance(c, int) else "-" for c in counts),
+        f"{seconds:,.1f}" if isinstance(seconds, int | float) else "-",
+    ]
 
 
 def write(spark: SparkSession, warehouse: str, out: Path, **limits: int) -> Facts:

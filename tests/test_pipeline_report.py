@@ -8,15 +8,19 @@ import re
 import shutil
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+import pytest
 from matplotlib import image as mpimg
+from matplotlib.patches import StepPatch
 
 from devkit import duckdb_reference as ref
-from pubcomp.pipeline import report
+from pubcomp.pipeline import charts, report
 from pubcomp.pipeline import transforms as T
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.synth import write_landing
@@ -120,3 +124,45 @@ def test_report_cli_on_an_empty_warehouse_says_so(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"wrote .*r\.html: 0 origins", done.stdout)
     assert "holds no readings yet" in out.read_text()
+
+
+def test_each_kind_is_drawn_for_what_it_is_and_every_window_has_its_width() -> None:
+    """A gauge as its mean and band, a counter as bars of its sums, a total as steps of its
+    last values; the last window as wide as the others, a partly covered one lighter,
+    and second ticks that cannot be read as minutes."""
+    t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+    starts = [t0 + timedelta(minutes=i) for i in range(3)]
+    end = mdates.date2num(t0 + timedelta(minutes=3))
+
+    def series(kind: str) -> charts.Series:
+        return charts.Series(
+            "mm", kind, list(starts), mean=[1.0, 2.0, 3.0], low=[0.5, 1.5, 2.5],
+            high=[1.5, 2.5, 3.5], sums=[0.6, 0.8, 0.2], last=[0.6, 1.4, 1.6], partial_last=True,
+        )  # fmt: skip
+
+    kinds = {"air.temp": "gauge", "rain.count": "counter", "rain.total": "total"}
+    fig = charts.sensor_figure("gw", {n: series(k) for n, k in kinds.items()}, "minute")
+    fig.canvas.draw()
+    axes = {ax.get_title(loc="left").split(":")[0]: ax for ax in fig.axes}
+    titles = {n: ax.get_title(loc="left") for n, ax in axes.items()}
+    assert "mean per minute, min-max band" in titles["air.temp"]
+    assert "sum per minute" in titles["rain.count"] and "lighter" in titles["rain.count"]
+    assert "running total" in titles["rain.total"]
+
+    bars = axes["rain.count"].patches
+    assert [round(b.get_height(), 6) for b in bars] == [0.6, 0.8, 0.2]
+    assert all(b.get_width() > 0 for b in bars)
+    assert bars[-1].get_x() + bars[-1].get_width() == pytest.approx(end)
+    assert bars[-1].get_facecolor()[3] < bars[0].get_facecolor()[3]  # partly covered
+    for name, values in (("rain.total", [0.6, 1.4, 1.6]), ("air.temp", [1.0, 2.0, 3.0])):
+        steps = [p for p in axes[name].patches if isinstance(p, StepPatch) and not p.get_fill()]
+        assert list(steps[0].get_data().values) == values
+        assert steps[0].get_data().edges[-1] == pytest.approx(end)  # the last window drawn
+    plt.close(fig)
+    # Two minutes of data: ticks every 30 s, each labelled as a time of day.
+    two = charts.Series("C", "gauge", starts[:2], [1.0, 2.0], [0.5, 1.5], [1.5, 2.5])
+    fig = charts.sensor_figure("gw", {"air.temp": two}, "minute")
+    fig.canvas.draw()
+    labels = [t.get_text() for t in fig.axes[-1].get_xticklabels() if t.get_text()]
+    assert "10:00:30" in labels and not any(re.fullmatch(r"\d\d", t) for t in labels), labels
+    plt.close(fig)
