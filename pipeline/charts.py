@@ -109,13 +109,17 @@ def sensor_figure(origin: str, series: dict[str, Series], per: str) -> Figure:
         alpha[-1] = 0.35 if s.partial_last else alpha[-1]
         if s.kind == "counter":
             colours = [(*matplotlib.colors.to_rgb("tab:blue"), 0.8 * a) for a in alpha]
-            ax.bar(edges[:-1], s.sums, width=np.diff(edges), align="edge", color=colours)
+            ax.bar(
+                edges[:-1], s.sums, width=np.diff(edges), align="edge", color=colours,
+                edgecolor="white", linewidth=0.5,
+            )  # fmt: skip
             unit = f"{s.unit or 'count'} / {per}"
         else:
             values = s.last if s.kind == "total" else s.mean
             if s.kind == "gauge":
                 ax.stairs(s.high, edges, baseline=s.low, fill=True, color="tab:blue", alpha=0.2)
-            ax.stairs(values, edges, color="tab:blue", linewidth=1)
+            # baseline=None: no drop to zero at either end (a temperature is not 0 there)
+            ax.stairs(values, edges, baseline=None, color="tab:blue", linewidth=1)
             for i in (0, len(values) - 1):
                 if alpha[i] < 1:  # a partial window: dashed over its own width
                     ax.hlines(values[i], edges[i], edges[i + 1], colors="white", linestyles=":")
