@@ -76,6 +76,10 @@ def _listeners(cfg: GatewayConfig) -> dict[int, str]:
     return ports
 
 
+# EX_TEMPFAIL (sysexits.h): the store's card refuses writes; trying again later may work.
+EXIT_STORE_UNWRITABLE = 75
+
+
 def gateway_run(args: argparse.Namespace) -> int:
     level = args.log_level.upper()
     if level not in LOG_LEVELS:
@@ -89,6 +93,7 @@ def gateway_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
     if cfg is None:
         return 1
+    from ..sync.store import StoreUnwritable
     from .ingress import IngressConfigError
     from .service import run
     from .status import fetch
@@ -109,6 +114,15 @@ def gateway_run(args: argparse.Namespace) -> int:
         return 1
     try:
         return run(cfg)
+    except StoreUnwritable as exc:
+        # systemd starts it again (Restart=always): each start is a probe of the card.
+        print(
+            f"pubcomp gateway run: {exc}. The card is failing or was remounted read-only "
+            "(see `dmesg`, `findmnt -o TARGET,OPTIONS`); what the store holds is kept for "
+            "when it can be written again, or copied off for recovery",
+            file=sys.stderr,
+        )
+        return EXIT_STORE_UNWRITABLE
     except IngressConfigError as exc:
         print(f"pubcomp gateway run: {args.config}: gateways.{cfg.id}.{exc}", file=sys.stderr)
         return 1

@@ -289,12 +289,28 @@ class Store:
         self._forgetting_lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = self._open()
-        except (sqlite3.DatabaseError, CorruptStore) as exc:
-            self.moved_aside = self._move_aside(exc)
-            self._db = self._open()
-        self.epoch, self.gateway_id = self._init_meta(gateway_id)
-        self._pack_old_outbox()
+            try:
+                self._db = self._open()
+            except (sqlite3.DatabaseError, CorruptStore) as exc:
+                if is_unwritable(exc):
+                    raise
+                self.moved_aside = self._move_aside(exc)
+                self._db = self._open()
+            self.epoch, self.gateway_id = self._init_meta(gateway_id)
+            self._pack_old_outbox()
+        except (sqlite3.Error, OSError) as exc:
+            # A card that refuses writes (read-only, I/O errors) is not a corrupt store:
+            # moving the file aside would strand what it holds under another name.
+            if not is_unwritable(exc):
+                raise
+            if hasattr(self, "_db"):
+                self._db.close()
+            kind = self._diagnose_unwritable(exc)
+            raise StoreUnwritable(
+                f"cannot open the store {self.path}: {UNWRITABLE_TEXT[kind]} ({exc}); "
+                "nothing was moved or deleted",
+                kind,
+            ) from exc
         self._seq = self._seq_floor = self._highest_seq()
         with self._lock:
             # Stores made before schema 2 kept message keys one row each in ``seen``.

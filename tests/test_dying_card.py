@@ -18,14 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from devkit.broker import Mosquitto
+from devkit.broker import Mosquitto, free_port
 from devkit.checker import Checker
 from devkit.gateway_helpers import GatewayProc, PahoNode
 from devkit.link import LinkProxy
 from devkit.node_helpers import wait_until
 from devkit.powercut import PowerCutMount, fuse_missing
 from pubcomp.gateway import commitlog
+from pubcomp.gateway.commands import EXIT_STORE_UNWRITABLE
 from pubcomp.gateway.status import verdict
+from pubcomp.sync.store import Reading, Store
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 
@@ -147,3 +149,34 @@ def test_a_dying_card_refuses_new_readings_and_delivers_what_it_holds(
     odd = sorted(dups - degraded)[:5]
     assert dups <= degraded, f"duplicates not sent by degraded delivery: {odd}"
     assert dups, "degraded delivery's readings are sent again by the resumed QoS 2 session"
+
+
+@pytest.mark.parametrize("fault", ["readonly", "eio"])
+def test_a_gateway_started_on_a_dying_card_moves_nothing_aside_and_says_why(
+    tmp_path: Path, disk: PowerCutMount, fault: str
+) -> None:
+    """Opening the store on a card that refuses writes is not finding it corrupt: the
+    store stays where it is, whole, and the gateway exits with one line and EX_TEMPFAIL
+    (systemd starts it again: each start probes the card). It used to take the open's
+    I/O error for corruption and move the store aside (refused here only because the
+    faulted file system refuses the rename too)."""
+    db = disk.path / "state" / "gateway.db"
+    with Store(db, gateway_id="gw-e2e") as s:
+        s.append([Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(25)])
+        epoch = s.epoch
+    before = sorted(p.name for p in db.parent.iterdir())
+    gw = GatewayProc(tmp_path, free_port())
+    gw.db = db
+    gw.write()
+    getattr(disk, fault)()
+    gw.start(wait=False)
+    assert gw.proc is not None
+    rc = gw.proc.wait(60)
+    log = gw.log.read_text()
+    assert rc == EXIT_STORE_UNWRITABLE, log
+    assert "cannot open the store" in log and "nothing was moved" in log, log
+    assert "Traceback" not in log, log
+    disk.heal()
+    assert sorted(p.name for p in db.parent.iterdir()) == before  # no .corrupt-* beside it
+    with Store(db) as s:
+        assert (s.epoch, s.stats()["backlog"]) == (epoch, 25)
