@@ -656,12 +656,15 @@ class Store:
                 before, last = self._on_full_disk(insert, spend_reserve=False)
             else:
                 before, last = insert()
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, OSError) as exc:
+            self._raise_unwritable(exc)
             if not is_disk_full(exc):
                 raise
             self.checkpoint()
             self.refused_disk_full += 1
             raise StoreFull(f"disk full under {self.path}: refusing new readings") from exc
+        if last > before:
+            self.wrote()
         if last <= before:
             return 0, -1
         for cb in self._listeners:
@@ -689,13 +692,21 @@ class Store:
 
         try:
             results = self._on_full_disk(commit, spend_reserve=False)
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, OSError) as exc:
+            self._raise_unwritable(exc)
             if not is_disk_full(exc):
                 raise
             raise self.refuse_full(exc) from exc
         if any(results):
+            self.wrote()
             self.notify()
         return results
+
+    def _raise_unwritable(self, exc: BaseException) -> None:
+        """A write outside the group commit that the file system refused: recorded and
+        raised as the group commit does (``StoreUnwritable``), whichever path wrote."""
+        if is_unwritable(exc):
+            raise self.unwritable(exc) from exc
 
     def append_batches_in(
         self,
@@ -1278,10 +1289,6 @@ class Store:
                 (name, n),
             )
 
-    def count(self, name: str, n: int = 1) -> None:
-        with self._tx() as db:
-            self._bump(db, name, n)
-
     def counters(self) -> dict[str, int]:
         with self._rlock:
             return dict(self._rdb.execute("SELECT name, value FROM counters").fetchall())
@@ -1334,7 +1341,7 @@ class Store:
         }
 
 
-def is_disk_full(exc: sqlite3.Error) -> bool:
+def is_disk_full(exc: BaseException) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
 
 

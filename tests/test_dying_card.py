@@ -27,7 +27,7 @@ from devkit.powercut import PowerCutMount, fuse_missing
 from pubcomp.gateway import commitlog
 from pubcomp.gateway.commands import EXIT_STORE_UNWRITABLE
 from pubcomp.gateway.status import verdict
-from pubcomp.sync.store import Reading, Store
+from pubcomp.sync.store import IO_ERRORS, READ_ONLY, Reading, Store, StoreUnwritable
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 
@@ -180,3 +180,29 @@ def test_a_gateway_started_on_a_dying_card_moves_nothing_aside_and_says_why(
     assert sorted(p.name for p in db.parent.iterdir()) == before  # no .corrupt-* beside it
     with Store(db) as s:
         assert (s.epoch, s.stats()["backlog"]) == (epoch, 25)
+
+
+@pytest.mark.parametrize(("fault", "kind"), [("readonly", READ_ONLY), ("eio", IO_ERRORS)])
+def test_writes_outside_the_group_commit_say_unwritable_too(
+    disk: PowerCutMount, fault: str, kind: str
+) -> None:
+    """``Store.append`` (store import, the standalone uplink's producers) and
+    ``append_batches`` classify a refusing card as the group commit does: StoreUnwritable,
+    recorded in the write state, cleared by the next write that succeeds."""
+
+    def batch(i: int) -> list[Reading]:
+        return [Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C")]
+
+    with Store(disk.path / "s.db", gateway_id="gw") as s:
+        s.append(batch(0))
+        getattr(disk, fault)()
+        with pytest.raises(StoreUnwritable) as one:
+            s.append(batch(1))
+        with pytest.raises(StoreUnwritable) as two:
+            s.append_batches([("n/1/1", batch(2))])
+        assert one.value.kind == two.value.kind == kind
+        assert not s.write_state.writable and s.write_state.errors == 2
+        disk.heal()
+        first, last = s.append(batch(3))
+        assert last == first > 1 and s.write_state.writable
+        assert s.stats()["backlog"] == 2  # the refused ones were never stored
