@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import os
+import random
 import threading
 import time
 import tty

@@ -37,12 +37,11 @@ import re
 import sqlite3
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pubcomp.sync import wire
+from pubcomp.sync import faults, wire
 from pubcomp.sync.client import (
     Backoff,
     BrokerURL,
@@ -70,6 +69,11 @@ from pubcomp.sync.session import Forget, Reack, ReceiverSession, message_digest
 from .landing import RECEIVE_KEY, LandingWriter, rejection_line
 
 log = logging.getLogger(__name__)
+
+# Crash points (sync/faults.py) of the receiving side: ingest_landed (a group holding
+# PUBLISHes written and fsynced with their receive records, PUBRECs not yet sent),
+# ingest_pubrel_received (PUBREL decoded for a landed message, PUBCOMP not yet sent).
+faults.register("ingest_landed", "ingest_pubrel_received")
 
 SUBSCRIBE_ID = 1
 # Receive records read back per session at a start. The messages whose release is
@@ -304,7 +308,7 @@ class Ingest:
         """Gather what arrived into the group, hold the acknowledgements behind it, and
         return the PUBCOMPs, which wait for nothing. No awaits here."""
         now: list[Packet] = []
-        received = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        received = wire.wire_time()
         group = self._group
         for pkt in pkts:
             if isinstance(pkt, Publish):

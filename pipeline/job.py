@@ -40,11 +40,18 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pubcomp.sync import faults
 from pubcomp.sync.faults import crash_point
 
 from . import transforms
 
 log = logging.getLogger(__name__)
+
+# Crash points (sync/faults.py) of a batch: pipeline_seen_written (its seen-id index
+# written, its readings not yet), pipeline_readings_written (its readings written, its
+# rollups and checkpoint not yet), pipeline_displaced_removed (the copies it displaced
+# removed from earlier partitions, rollups not yet).
+faults.register("pipeline_seen_written", "pipeline_readings_written", "pipeline_displaced_removed")
 
 
 @dataclass

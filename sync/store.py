@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from .session import OutState
-from .wire import GAUGE, encode_readings
+from .wire import GAUGE, encode_readings, wire_time
 
 log = logging.getLogger(__name__)
 
@@ -250,10 +250,6 @@ class Message:
     last_seq: int
 
 
-def utc_now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 class Store:
     """The gateway's durable session store. One instance per process and file.
 
@@ -381,7 +377,7 @@ class Store:
                     "epoch": secrets.token_hex(6),
                     "gateway_id": gateway_id or socket.gethostname(),
                     "schema_version": str(SCHEMA_VERSION),
-                    "created": utc_now_iso(),
+                    "created": wire_time(),
                 }
                 if self.moved_aside:
                     meta["replaced_corrupt_store"] = str(self.moved_aside)
@@ -775,7 +771,7 @@ class Store:
 
         Only readings above ``after_seq`` and not yet in a message are touched: a
         message's payload must stay byte-identical for its DUP resends. Returns
-        how many were corrected.
+        how many were corrected; the store's counters keep the sum under ``add_flag``.
         """
         with self._tx() as db:
             return self.shift_times_in(db, after_seq, shift_s, flag, add_flag)
@@ -799,13 +795,12 @@ class Store:
                 if seq + i <= low or flag not in names or add_flag in names or ts is None:
                     continue
                 t = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() + shift_s
-                new_ts = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
-                r["ts"], r["flags"] = new_ts.replace("+00:00", "Z"), [*names, add_flag]
+                r["ts"], r["flags"] = wire_time(t), [*names, add_flag]
                 fixed, changed = fixed + 1, True
             if changed:
                 updates.append((_marks(readings), pack_body(encode_readings(readings)), seq))
         db.executemany("UPDATE outbox SET marks = ?, body = ? WHERE seq = ?", updates)
-        self._bump(db, "clock_corrected", fixed)
+        self._bump(db, add_flag, fixed)
         return fixed
 
     def probe(self) -> None:

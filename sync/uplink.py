@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import faults
 from .client import (
     Backoff,
     BrokerURL,
@@ -67,6 +68,15 @@ from .store import QUEUED, Message, Store, StoreUnwritable
 from .wire import encode_payload, payload_head
 
 log = logging.getLogger(__name__)
+
+# Crash points (sync/faults.py) of the outbound QoS 2 handshake, in order:
+# publish_persisted (packet ids committed, PUBLISH not yet written), publish_written
+# (PUBREC not yet received), pubrec_received (decoded, not yet committed),
+# pubrel_written (PUBCOMP not yet received), pubcomp_received (decoded, its deletion
+# not yet committed).
+faults.register(
+    "publish_persisted", "publish_written", "pubrec_received", "pubrel_written", "pubcomp_received"
+)
 
 # Room left in a PUBLISH for its fixed header, topic and properties.
 _PUBLISH_OVERHEAD = 512
