@@ -65,6 +65,7 @@ from pubcomp.sync.packets import (
     Subscription,
 )
 from pubcomp.sync.session import Forget, Reack, ReceiverSession, message_digest
+from pubcomp.sync.store import held_receive_ids
 
 from .landing import RECEIVE_KEY, LandingWriter, rejection_line
 
@@ -209,15 +210,13 @@ class Ingest:
             return {}
         out: dict[str, list[int]] = {}
         try:
-            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            try:
-                for key, pid in con.execute("SELECT session, packet_id FROM in_qos2"):
-                    if key in keys:
-                        out.setdefault(key, []).append(int(pid))
-            finally:
-                con.close()
+            held = held_receive_ids(db)
         except sqlite3.Error as exc:
             log.warning("%s: not read (%s)", db, exc)
+            return out
+        for key, pid in held:
+            if key in keys:
+                out.setdefault(key, []).append(pid)
         return out
 
     def _session(self, index: int, version: int) -> tuple[str, ReceiverSession]:

@@ -1336,6 +1336,18 @@ class Store:
         }
 
 
+def held_receive_ids(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
+    """(session, packet id) of every QoS 2 message a store file's receiver holds
+    (``in_qos2``), read without opening the file for writing: a file another program
+    or version left, which is never written again. Raises sqlite3.Error."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT session, packet_id FROM in_qos2").fetchall()
+    finally:
+        con.close()
+    return [(str(key), int(pid)) for key, pid in rows]
+
+
 def is_disk_full(exc: BaseException) -> bool:
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
 
