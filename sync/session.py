@@ -73,6 +73,11 @@ MAX_PACKET_ID = 0xFFFF
 
 
 class OutState(enum.StrEnum):
+    """An outgoing message's state, as the store's ``out_inflight.state`` spells it."""
+
+    # In the store only: its readings wait for a packet id (its old one died with a
+    # session, or the broker refused it). Never in a session's in-flight table.
+    QUEUED = "QUEUED"
     PUBLISH_SENT = "PUBLISH_SENT"
     PUBREL_SENT = "PUBREL_SENT"
 

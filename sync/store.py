@@ -221,9 +221,6 @@ class Reading:
     kind: str = GAUGE  # gauge, counter or total (sync.wire.Kind)
 
 
-QUEUED = "QUEUED"
-
-
 @dataclass(slots=True)
 class StoreIO:
     """What durability cost so far: each commit is one fsync of the WAL
@@ -244,7 +241,7 @@ class Message:
     ord: int
     packet_id: int | None  # None while QUEUED
     qos: int
-    state: str  # QUEUED or an OutState
+    state: OutState
     topic: str
     first_seq: int
     last_seq: int
@@ -1035,7 +1032,14 @@ class Store:
             last = msgs[-1][1]  # the newest message's id: ids go on from there
         elif live:
             last = max(last, *live)
-        return established, last, [Message(*m) for m in msgs]
+        return (
+            established,
+            last,
+            [
+                Message(o, pid, qos, OutState(state), topic, first, last_seq)
+                for o, pid, qos, state, topic, first, last_seq in msgs
+            ],
+        )
 
     def oldest_seq(self) -> float:
         """The seq of the oldest waiting reading (an index look-up); infinity if none waits."""

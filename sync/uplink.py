@@ -64,7 +64,7 @@ from .session import (
     SenderSession,
     SessionError,
 )
-from .store import QUEUED, Message, Store, StoreUnwritable
+from .store import Message, Store, StoreUnwritable
 from .wire import encode_payload, payload_head
 
 log = logging.getLogger(__name__)
@@ -542,7 +542,7 @@ class _Link:
         self.up, self.store, self.conn, self.session = up, up.store, conn, session
         self.key = up.session_key
         self.live: dict[int, Message] = {m.packet_id: m for m in messages if m.packet_id}
-        self.queued = collections.deque(m for m in messages if m.state == QUEUED)
+        self.queued = collections.deque(m for m in messages if m.state == OutState.QUEUED)
         self.pending_resend = resend
         self.qos = qos
         self.max_bytes = max_bytes
@@ -666,7 +666,7 @@ class _Link:
                 size, count, i = size + len(body) + 1, count + n, i + 1
             last = rows[i - 1][0] + rows[i - 1][1] - 1
             pid = self.session.allocate(self.qos).packet_id
-            m = Message(0, pid, self.qos, QUEUED, self.up.topic, first, last)
+            m = Message(0, pid, self.qos, OutState.QUEUED, self.up.topic, first, last)
             out.append((m, encode_payload(self.store.gateway_id, bodies)))
             self.cursor = last
         return out, None
@@ -720,7 +720,7 @@ class _Link:
                 refused.append((out.packet_id, out.reason, permanent))
                 if m is not None and not permanent:
                     self.refusals[m.ord] = times
-                    m.packet_id, m.state = None, QUEUED
+                    m.packet_id, m.state = None, OutState.QUEUED
                     self.queued.append(m)
                 elif m is not None:
                     self.refusals.pop(m.ord, None)

@@ -107,9 +107,10 @@ def test_store_shifts_only_waiting_unsynced_readings_of_this_run(tmp_path: Path)
 
 
 def _message(seq: int) -> Any:
-    from pubcomp.sync.store import QUEUED, Message
+    from pubcomp.sync.session import OutState
+    from pubcomp.sync.store import Message
 
-    return Message(0, 1, 2, QUEUED, "t", seq, seq)
+    return Message(0, 1, 2, OutState.QUEUED, "t", seq, seq)
 
 
 def test_an_operation_runs_after_the_readings_queued_before_it(tmp_path: Path) -> None:

@@ -261,12 +261,13 @@ def test_keys_in_a_store_made_before_schema_2_are_still_seen(tmp_path: Path) -> 
 
 
 def test_a_seq_is_never_given_twice_even_after_the_outbox_drains(tmp_path: Path) -> None:
-    from pubcomp.sync.store import QUEUED, Message
+    from pubcomp.sync.session import OutState
+    from pubcomp.sync.store import Message
 
     path = tmp_path / "s.db"
     with Store(path, gateway_id="gw") as s:
         first, last = s.append([reading(i) for i in range(3)])
-        s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", first, last)])
+        s.begin_messages("k", [Message(0, 1, 2, OutState.QUEUED, "t", first, last)])
         assert s.apply("k", completed=[1]) == 3
         assert s.stats()["backlog"] == 0
     with Store(path) as s:

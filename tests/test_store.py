@@ -15,7 +15,6 @@ import pytest
 from pubcomp.sync import wire
 from pubcomp.sync.session import Outgoing, OutState
 from pubcomp.sync.store import (
-    QUEUED,
     ROW_BYTES,
     ROW_READINGS,
     Message,
@@ -24,6 +23,8 @@ from pubcomp.sync.store import (
     StoreFull,
     unpack_body,
 )
+
+QUEUED = OutState.QUEUED  # (brevity)
 
 
 def readings(n: int, start: int = 0) -> list[Reading]:
@@ -34,7 +35,10 @@ def readings(n: int, start: int = 0) -> list[Reading]:
 
 def two(a1: int, a2: int, b1: int, b2: int) -> list[Message]:
     """Two new messages, packet ids 1 and 2, over the given seq ranges."""
-    return [Message(0, 1, 2, QUEUED, "t", a1, a2), Message(0, 2, 2, QUEUED, "t", b1, b2)]
+    return [
+        Message(0, 1, 2, QUEUED, "t", a1, a2),
+        Message(0, 2, 2, QUEUED, "t", b1, b2),
+    ]
 
 
 def test_pragmas_wal_and_synchronous_full(tmp_path: Path) -> None:
@@ -92,13 +96,20 @@ def test_session_loss_requeues_with_the_same_readings(tmp_path: Path) -> None:
         s.append(readings(3))
         s.append(readings(3, 3))
         s.begin_messages(
-            "k", [Message(0, 1, 2, QUEUED, "t", 1, 3), Message(0, 2, 2, QUEUED, "t", 4, 6)]
+            "k",
+            [
+                Message(0, 1, 2, QUEUED, "t", 1, 3),
+                Message(0, 2, 2, QUEUED, "t", 4, 6),
+            ],
         )
         s.apply("k", released=[1])
         before = [r["id"] for r in s.readings_between(1, 6)]
         assert s.requeue_lost("k") == 6
         msgs = s.load_session("k")[2]
-        assert [(m.packet_id, m.state) for m in msgs] == [(None, QUEUED), (None, QUEUED)]
+        assert [(m.packet_id, m.state) for m in msgs] == [
+            (None, QUEUED),
+            (None, QUEUED),
+        ]
         assert s.counters()["resent_after_session_loss"] == 6
         # Same reading ids: the cloud dedup recognises any copy the broker delivered.
         assert [r["id"] for r in s.readings_between(1, 6)] == before
@@ -113,7 +124,11 @@ def test_refusals_dead_letter_or_requeue(tmp_path: Path) -> None:
         s.append(readings(2))
         s.append(readings(2, 2))
         s.begin_messages(
-            "k", [Message(0, 1, 2, QUEUED, "t", 1, 2), Message(0, 2, 2, QUEUED, "t", 3, 4)]
+            "k",
+            [
+                Message(0, 1, 2, QUEUED, "t", 1, 2),
+                Message(0, 2, 2, QUEUED, "t", 3, 4),
+            ],
         )
         s.apply("k", refused=[(1, 0x87, True), (2, 0x97, False)])
         st = s.stats()
