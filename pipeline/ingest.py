@@ -51,7 +51,7 @@ from pubcomp.sync.client import (
     ConnectRefused,
     connect,
 )
-from pubcomp.sync.codec import ProtocolError
+from pubcomp.sync.errors import TransportError
 from pubcomp.sync.faults import crash_point
 from pubcomp.sync.packets import (
     MQTT_5,
@@ -260,7 +260,7 @@ class Ingest:
                 await self._connection(stop, backoff, index)
             except ConnectRefused as exc:
                 self._failed(str(exc))
-            except (ConnectionClosed, OSError, TimeoutError, ProtocolError) as exc:
+            except (TransportError, OSError, TimeoutError) as exc:
                 self._failed(f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff.next_delay())

@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .codec import Decoder, ProtocolError, encode
+from .errors import TransportError
 from .packets import (
     MQTT_5,
     MQTT_311,
@@ -42,11 +43,11 @@ CONNACK_311 = {
 }
 
 
-class ConnectionClosed(Exception):
-    pass
+class ConnectionClosed(TransportError):
+    """The peer closed the connection."""
 
 
-class ConnectRefused(Exception):
+class ConnectRefused(TransportError):
     def __init__(self, code: int, text: str) -> None:
         super().__init__(f"broker refused the connection: {text} (code {code:#04x})")
         self.code = code

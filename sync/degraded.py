@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .client import ConnectionClosed, ConnectOptions, connect
-from .codec import ProtocolError
+from .client import ConnectOptions, connect
+from .errors import TransportError
 from .packets import Disconnect, Puback, Publish
 from .store import StoreError
 from .wire import encode_payload
@@ -89,7 +89,7 @@ class DegradedDelivery:
                     next_probe = time.monotonic() + self.probe_every
                 try:
                     done_upto = await self._session(stop, done_upto, next_probe)
-                except (ConnectionClosed, OSError, TimeoutError, ProtocolError) as exc:
+                except (TransportError, OSError, TimeoutError) as exc:
                     st.last_error = f"{type(exc).__name__}: {exc}"
                     log.warning("degraded delivery: %s", st.last_error)
                     with contextlib.suppress(TimeoutError):

@@ -59,6 +59,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .errors import TransportError
 from .packets import (
     MQTT_5,
     Puback,
@@ -82,7 +83,7 @@ class OutState(enum.StrEnum):
     PUBREL_SENT = "PUBREL_SENT"
 
 
-class SessionError(Exception):
+class SessionError(TransportError):
     """The peer broke a session rule; close the connection (MQTT-4.8.0-1)."""
 
 

@@ -39,6 +39,7 @@ from .client import (
 )
 from .codec import ProtocolError
 from .degraded import DegradedDelivery
+from .errors import TransportError
 from .faults import crash_point
 from .groupcommit import GroupCommit
 from .packets import (
@@ -282,7 +283,7 @@ class Uplink:
                 continue  # writable again: resume the session, which sends it all again
             except ConnectRefused as exc:
                 self._failed(str(exc), exc)
-            except (ConnectionClosed, OSError, TimeoutError, ProtocolError, SessionError) as exc:
+            except (TransportError, OSError, TimeoutError) as exc:
                 self._failed(f"{type(exc).__name__}: {exc}", exc)
             # Before the session is read again: every transition of the last connection
             # (lazy PUBCOMPs included) is committed, or failed and is not in the store.
