@@ -135,10 +135,22 @@ class Ignored:
 
 
 @dataclass(frozen=True, slots=True)
+class ResendPublish:
+    """A PUBLISH to send again: same packet id, DUP=1 (MQTT-3.3.1-1, MQTT-4.4.0-1). Its
+    topic and payload are not the session's to know: the caller has them (the store)."""
+
+    packet_id: int
+    qos: int
+
+    def publish(self, topic: str, payload: bytes) -> Publish:
+        return Publish(topic, payload, self.qos, dup=True, packet_id=self.packet_id)
+
+
+@dataclass(frozen=True, slots=True)
 class Resume:
     """What a new connection must do before any new PUBLISH (design rule 4)."""
 
-    resend: list[Publish | Pubrel]
+    resend: list[ResendPublish | Pubrel]
     # Records whose session the broker lost: the caller re-queues them with new ids.
     lost: list[int]
 
@@ -194,7 +206,6 @@ class SenderSession:
         self.last_packet_id = last_packet_id
         self.receive_maximum = 65535
         self.maximum_qos = 2
-        self.connected = False
 
     # -- connection lifecycle
 
@@ -211,24 +222,19 @@ class SenderSession:
             raise SessionError("broker reported a session present after a clean start")
         self.receive_maximum = max(1, receive_maximum)  # 5.0 4.9.0-1: quota is never zero
         self.maximum_qos = maximum_qos
-        self.connected = True
         if not session_present:
             # 5.0 3.2.2-5 / 3.1.1 3.1.2-6: the broker has none of our state. Nothing
             # may be resent under its old id; every record goes out again as new.
             lost = list(self.inflight)
             self.inflight.clear()
             return Resume([], lost)
-        resend: list[Publish | Pubrel] = []
+        resend: list[ResendPublish | Pubrel] = []
         for o in self.inflight.values():  # original order: MQTT-4.6.0-1
             if o.state is OutState.PUBREL_SENT:
                 resend.append(Pubrel(o.packet_id))
             else:
-                # Payload and topic are the store's; the caller fills them in.
-                resend.append(Publish("", b"", o.qos, dup=True, packet_id=o.packet_id))
+                resend.append(ResendPublish(o.packet_id, o.qos))
         return Resume(resend, [])
-
-    def on_disconnect(self) -> None:
-        self.connected = False
 
     # -- new messages
 

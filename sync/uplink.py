@@ -62,6 +62,7 @@ from .session import (
     Refused,
     Released,
     Reply,
+    ResendPublish,
     SenderSession,
     SessionError,
 )
@@ -536,7 +537,7 @@ class _Link:
         conn: Connection,
         session: SenderSession,
         messages: list[Message],
-        resend: list[Publish | Pubrel],
+        resend: list[ResendPublish | Pubrel],
         qos: int,
         max_bytes: int,
     ) -> None:
@@ -582,10 +583,11 @@ class _Link:
         """MQTT-4.4.0-1 / 4.6.0-1: in-flight packets again, same ids, original order."""
         pkts: list[Publish | Pubrel] = []
         for pkt in self.pending_resend:
-            if isinstance(pkt, Publish):
-                m = self.live[pkt.packet_id]  # type: ignore[index]
-                pkt = Publish(m.topic, self.payload_of(m), m.qos, dup=True, packet_id=m.packet_id)
-            pkts.append(pkt)
+            if isinstance(pkt, ResendPublish):
+                m = self.live[pkt.packet_id]
+                pkts.append(pkt.publish(m.topic, self.payload_of(m)))
+            else:
+                pkts.append(pkt)
         if pkts:
             log.info("resuming session: %d packets resent", len(pkts))
             await self.conn.send(*pkts)

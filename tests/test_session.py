@@ -17,6 +17,7 @@ from pubcomp.sync.session import (
     Refused,
     Released,
     Reply,
+    ResendPublish,
     SenderSession,
     SessionError,
     message_digest,
@@ -96,13 +97,13 @@ def test_resume_resends_PUBLISH_dup_and_PUBREL_in_original_order_MQTT_4_4_0_1_an
     s = SenderSession(MQTT_311, inflight, last_packet_id=9)
     r = s.on_connack(True, clean_start=False)
     assert [(type(p).__name__, p.packet_id) for p in r.resend] == [
-        ("Publish", 9),
+        ("ResendPublish", 9),
         ("Pubrel", 3),
-        ("Publish", 5),
+        ("ResendPublish", 5),
     ]
-    pubs = [p for p in r.resend if isinstance(p, Publish)]
+    pubs = [p.publish("t", b"x") for p in r.resend if isinstance(p, ResendPublish)]
     assert all(p.dup for p in pubs)  # MQTT-3.3.1-1: DUP=1 on redelivery
-    assert [p.qos for p in pubs] == [2, 1]
+    assert [(p.qos, p.packet_id) for p in pubs] == [(2, 9), (1, 5)]  # the same ids
 
 
 def test_new_publish_has_dup_0_MQTT_3_3_1_3_and_4_3_3_1() -> None:
