@@ -325,10 +325,15 @@ class Ingest:
                     self.stats.messages += 1
                     self.stats.readings += n
                 else:
-                    self.stats.rejected[why.split(":")[0]] += 1
+                    reason, detail = why
+                    self.stats.rejected[reason] += 1
                     group.rejected.append(
                         rejection_line(
-                            pkt.topic, pkt.payload, why, received, **{RECEIVE_KEY: record}
+                            pkt.topic,
+                            pkt.payload,
+                            f"{reason}: {detail}",
+                            received,
+                            **{RECEIVE_KEY: record},
                         )
                     )
                 group.packet_ids.append(pkt.packet_id)
@@ -406,17 +411,18 @@ class Ingest:
 
     def _lines(
         self, pkt: Publish, received: str, record: dict[str, Any]
-    ) -> tuple[bytes, int, str | None]:
-        """The message's landing lines (its receive record on the last), how many, or why not."""
+    ) -> tuple[bytes, int, tuple[str, str] | None]:
+        """The message's landing lines (its receive record on the last), how many, or why
+        not: a reason (counted) and what exactly (kept in the rejection line)."""
         try:
             msg = wire.loads(pkt.payload)
         except (ValueError, UnicodeDecodeError) as exc:
-            return b"", 0, f"not_json: {exc}"
+            return b"", 0, ("not_json", str(exc))
         if not _plainly_valid(msg):
             err = next(iter(self.validator.iter_errors(msg)), None)
             if err is not None:
                 where = "/".join(str(p) for p in err.absolute_path) or "(top)"
-                return b"", 0, f"schema: {where}: {err.message}"
+                return b"", 0, ("schema", f"{where}: {err.message}")
         gateway = msg["gateway"]
         readings = msg["readings"]
         for r in readings:

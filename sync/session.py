@@ -129,8 +129,10 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Ignored:
-    """Nothing to do; ``why`` is counted by the caller."""
+    """Nothing to do: ``packet`` names what was ignored (the caller counts by it),
+    ``why`` says what exactly (logged)."""
 
+    packet: str
     why: str
 
 
@@ -276,7 +278,7 @@ class SenderSession:
     def on_puback(self, pkt: Puback) -> Completed | Refused | Ignored:
         o = self.inflight.get(pkt.packet_id)
         if o is None or o.qos != 1:
-            return Ignored(f"PUBACK for packet id {pkt.packet_id} not awaiting one")
+            return Ignored("PUBACK", f"PUBACK for packet id {pkt.packet_id} not awaiting one")
         del self.inflight[pkt.packet_id]
         if pkt.reason_code >= 0x80:
             return Refused(pkt.packet_id, pkt.reason_code)
@@ -288,12 +290,13 @@ class SenderSession:
         if pkt.reason_code >= 0x80 and (o is None or o.state is OutState.PUBREL_SENT):
             # MQTT-4.3.3-4 (5.0): a PUBREL answers only a PUBREC below 0x80. The broker
             # ended a flow we hold nothing for (or already released): nothing to send.
-            return Ignored(f"PUBREC 0x{pkt.reason_code:02x} for packet id {pid} not awaiting one")
+            code = f"PUBREC 0x{pkt.reason_code:02x}"
+            return Ignored(code, f"{code} for packet id {pid} not awaiting one")
         if o is None or o.qos != 2:
             if self.version == MQTT_5:
                 # Let the broker finish its side; we hold nothing for this id.
                 return Reply(Pubrel(pid, Reason.PACKET_IDENTIFIER_NOT_FOUND))
-            return Ignored(f"PUBREC for unknown packet id {pid}")
+            return Ignored("PUBREC", f"PUBREC for unknown packet id {pid}")
         if o.state is OutState.PUBREL_SENT:
             # Our PUBREL may have been lost: answer again, state unchanged.
             return Reply(Pubrel(pid))
@@ -306,11 +309,11 @@ class SenderSession:
     def on_pubcomp(self, pkt: Pubcomp) -> Completed | Ignored:
         o = self.inflight.get(pkt.packet_id)
         if o is None:
-            return Ignored(f"PUBCOMP for free packet id {pkt.packet_id}")
+            return Ignored("PUBCOMP", f"PUBCOMP for free packet id {pkt.packet_id}")
         if o.state is not OutState.PUBREL_SENT:
             # A PUBCOMP before our PUBREL is a broker bug; keep the message and let
             # the normal PUBREC path (or the next resume) finish it.
-            return Ignored(f"PUBCOMP for packet id {pkt.packet_id} before PUBREL")
+            return Ignored("PUBCOMP", f"PUBCOMP for packet id {pkt.packet_id} before PUBREL")
         del self.inflight[pkt.packet_id]
         return Completed(pkt.packet_id)
 

@@ -738,7 +738,7 @@ class _Link:
             elif isinstance(out, Reply):
                 replies.append(out.packet)
             elif isinstance(out, Ignored):
-                status.ignored[out.why.split(" for ")[0]] += 1
+                status.ignored[out.packet] += 1
                 log.debug("ignored: %s", out.why)
         if completed:
             # Lazily: it rides the next commit (or waits ``completion_delay``), because a
