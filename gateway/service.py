@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import time
 from typing import Any
 
@@ -27,6 +26,7 @@ from pubcomp.sync.packets import MQTT_5, MQTT_311
 from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 
+from ..sync.running import run_until_stopped
 from .clock import CORRECTED, UNSYNCED, ClockWatch, kernel_check
 from .commitlog import CommitLog
 from .config import GatewayConfig
@@ -370,14 +370,9 @@ class Gateway:
 def run(cfg: GatewayConfig) -> int:
     """Run until SIGTERM or SIGINT; the exit code for the process."""
 
-    async def main() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        gw = Gateway(cfg)
-        return await gw.run(stop)
+    async def work(stop: asyncio.Event) -> int:
+        return await Gateway(cfg).run(stop)
 
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(main())
+        return run_until_stopped(work)
     return 0

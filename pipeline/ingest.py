@@ -64,6 +64,7 @@ from pubcomp.sync.packets import (
     Subscribe,
     Subscription,
 )
+from pubcomp.sync.running import run_until_stopped
 from pubcomp.sync.session import Forget, Reack, ReceiverSession, message_digest
 from pubcomp.sync.store import held_receive_ids
 
@@ -509,16 +510,11 @@ def run(ingest: Ingest, status: Any = None) -> dict[str, Any]:
 
     ``status``: the gateways' status messages' receiver (``statusland.StatusLanding``),
     run beside the readings' on its own connection and files."""
-    import signal
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    async def work(stop: asyncio.Event) -> None:
         await asyncio.gather(ingest.run(stop), *([status.run(stop)] if status else []))
 
     started = time.monotonic()
-    asyncio.run(main())
+    run_until_stopped(work)
     extra = {"status": status.stats.as_dict()} if status else {}
     return {**ingest.stats.as_dict(), **extra, "seconds": round(time.monotonic() - started, 1)}

@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import math
-import signal
 import sys
 from collections.abc import Iterator
 from datetime import datetime
@@ -16,6 +15,7 @@ from typing import Any
 
 from .client import ConnectOptions, TLSOptions
 from .packets import MQTT_5, MQTT_311
+from .running import run_until_stopped
 from .store import Reading, Store
 from .uplink import Uplink, UplinkConfig
 from .wire import GAUGE, KINDS, wire_time
@@ -158,15 +158,11 @@ def uplink_run(args: argparse.Namespace) -> int:
     )
     uplink = Uplink(store, args.broker, uplink_options(args), cfg)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    async def work(stop: asyncio.Event) -> None:
         await uplink.run(stop, exit_when_drained=args.exit_when_drained)
 
     try:
-        asyncio.run(main())
+        run_until_stopped(work)
     finally:
         summary: dict[str, Any] = uplink.metrics()
         summary["peak_rss_mb"] = peak_rss_mb()
