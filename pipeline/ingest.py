@@ -48,10 +48,8 @@ from pubcomp.sync.client import (
     Connection,
     ConnectionClosed,
     ConnectOptions,
-    ConnectRefused,
     connect,
 )
-from pubcomp.sync.errors import TransportError
 from pubcomp.sync.faults import crash_point
 from pubcomp.sync.packets import (
     MQTT_5,
@@ -64,7 +62,7 @@ from pubcomp.sync.packets import (
     Subscribe,
     Subscription,
 )
-from pubcomp.sync.running import run_until_stopped
+from pubcomp.sync.running import reconnecting, run_until_stopped
 from pubcomp.sync.session import Forget, Reack, ReceiverSession, message_digest
 from pubcomp.sync.store import held_receive_ids
 
@@ -255,16 +253,7 @@ class Ingest:
             self.rejects.close()
 
     async def _connection_loop(self, stop: asyncio.Event, index: int) -> None:
-        backoff = Backoff()
-        while not stop.is_set():
-            try:
-                await self._connection(stop, backoff, index)
-            except ConnectRefused as exc:
-                self._failed(str(exc))
-            except (TransportError, OSError, TimeoutError) as exc:
-                self._failed(f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff.next_delay())
+        await reconnecting(stop, lambda b: self._connection(stop, b, index), self._failed)
 
     def _failed(self, why: str) -> None:
         self.stats.last_error = why

@@ -20,7 +20,6 @@ reads the readings)::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -34,10 +33,8 @@ from pubcomp.sync.client import (
     BrokerURL,
     ConnectionClosed,
     ConnectOptions,
-    ConnectRefused,
     connect,
 )
-from pubcomp.sync.errors import TransportError
 from pubcomp.sync.packets import (
     Disconnect,
     Packet,
@@ -47,6 +44,7 @@ from pubcomp.sync.packets import (
     Subscribe,
     Subscription,
 )
+from pubcomp.sync.running import reconnecting
 
 from .landing import LandingWriter, rejection_line
 
@@ -97,17 +95,8 @@ class StatusLanding:
         self.stats = StatusStats()
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = Backoff()
         try:
-            while not stop.is_set():
-                try:
-                    await self._connection(stop, backoff)
-                except ConnectRefused as exc:
-                    self._failed(str(exc))
-                except (TransportError, OSError, TimeoutError) as exc:
-                    self._failed(f"{type(exc).__name__}: {exc}")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff.next_delay())
+            await reconnecting(stop, lambda b: self._connection(stop, b), self._failed)
         finally:
             self.statuses.close()
             self.rejects.close()
