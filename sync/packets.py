@@ -84,7 +84,7 @@ class Reason(enum.IntEnum):
     WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Will:
     topic: str
     payload: bytes = b""
@@ -93,7 +93,7 @@ class Will:
     properties: Properties = field(default_factory=dict)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Connect:
     client_id: str
     protocol_level: int = MQTT_5
@@ -106,7 +106,7 @@ class Connect:
     type = PacketType.CONNECT
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Connack:
     session_present: bool = False
     # MQTT 3.1.1 return codes 0..5 share the byte with 5.0 reason codes.
@@ -115,7 +115,7 @@ class Connack:
     type = PacketType.CONNACK
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Publish:
     topic: str
     payload: bytes = b""
@@ -127,34 +127,34 @@ class Publish:
     type = PacketType.PUBLISH
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Ack:
     packet_id: int
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Puback(_Ack):
     type = PacketType.PUBACK
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pubrec(_Ack):
     type = PacketType.PUBREC
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pubrel(_Ack):
     type = PacketType.PUBREL
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pubcomp(_Ack):
     type = PacketType.PUBCOMP
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Subscription:
     topic_filter: str
     qos: int = 0
@@ -164,7 +164,7 @@ class Subscription:
     retain_handling: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Subscribe:
     packet_id: int
     subscriptions: list[Subscription]
@@ -172,7 +172,7 @@ class Subscribe:
     type = PacketType.SUBSCRIBE
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Suback:
     packet_id: int
     reason_codes: list[int]
@@ -180,7 +180,7 @@ class Suback:
     type = PacketType.SUBACK
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Unsubscribe:
     packet_id: int
     topic_filters: list[str]
@@ -188,7 +188,7 @@ class Unsubscribe:
     type = PacketType.UNSUBSCRIBE
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Unsuback:
     packet_id: int
     # Empty for MQTT 3.1.1, which has no reason codes in UNSUBACK.
@@ -197,24 +197,24 @@ class Unsuback:
     type = PacketType.UNSUBACK
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pingreq:
     type = PacketType.PINGREQ
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pingresp:
     type = PacketType.PINGRESP
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Disconnect:
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
     type = PacketType.DISCONNECT
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Auth:
     reason_code: int = 0
     properties: Properties = field(default_factory=dict)
