@@ -166,89 +166,117 @@ def _fixed(ptype: int, flags: int, body: bytes) -> bytes:
     return bytes([(ptype << 4) | flags]) + encode_varint(len(body)) + body
 
 
-def _ack_body(pkt: Any, version: int) -> bytes:
+def _ack_body(pkt: Puback | Pubrec | Pubrel | Pubcomp, v5: bool) -> bytes:
     body = struct.pack("!H", pkt.packet_id)
-    if version == MQTT_5 and (pkt.reason_code or pkt.properties):
+    if v5 and (pkt.reason_code or pkt.properties):
         body += bytes([pkt.reason_code])
         if pkt.properties:
             body += encode_properties(pkt.properties)
     return body
 
 
+def _props(props: Properties, v5: bool) -> bytes:
+    return encode_properties(props) if v5 else b""
+
+
+# Each packet type's encoder: (flags of the fixed header, body), as the decoder's
+# table (_DECODERS) reads them back. ``v5``: MQTT 5.0 (else 3.1.1).
+def _enc_publish(pkt: Publish, v5: bool) -> tuple[int, bytes]:
+    if pkt.qos not in (0, 1, 2):
+        raise ValueError("QoS must be 0, 1 or 2")  # MQTT-3.3.1-4
+    body = _utf8(pkt.topic)
+    if pkt.qos:
+        if not pkt.packet_id:
+            raise ValueError("QoS>0 PUBLISH needs a non-zero packet id")  # MQTT-2.3.1-1
+        body += struct.pack("!H", pkt.packet_id)
+    flags = (pkt.dup << 3) | (pkt.qos << 1) | pkt.retain
+    return flags, body + _props(pkt.properties, v5) + pkt.payload
+
+
+def _enc_ack(pkt: Puback | Pubrec | Pubcomp, v5: bool) -> tuple[int, bytes]:
+    return 0, _ack_body(pkt, v5)
+
+
+def _enc_pubrel(pkt: Pubrel, v5: bool) -> tuple[int, bytes]:
+    return 0b0010, _ack_body(pkt, v5)  # MQTT-3.6.1-1
+
+
+def _enc_connect(pkt: Connect, v5: bool) -> tuple[int, bytes]:
+    return 0, _connect_body(pkt)  # (its own protocol level decides)
+
+
+def _enc_connack(pkt: Connack, v5: bool) -> tuple[int, bytes]:
+    return 0, bytes([int(pkt.session_present), pkt.reason_code]) + _props(pkt.properties, v5)
+
+
+def _enc_subscribe(pkt: Subscribe, v5: bool) -> tuple[int, bytes]:
+    body = struct.pack("!H", pkt.packet_id) + _props(pkt.properties, v5)
+    for s in pkt.subscriptions:
+        opts = s.qos
+        if v5:
+            opts |= (s.no_local << 2) | (s.retain_as_published << 3) | (s.retain_handling << 4)
+        body += _utf8(s.topic_filter) + bytes([opts])
+    return 0b0010, body
+
+
+def _enc_suback(pkt: Suback, v5: bool) -> tuple[int, bytes]:
+    body = struct.pack("!H", pkt.packet_id) + _props(pkt.properties, v5)
+    return 0, body + bytes(pkt.reason_codes)
+
+
+def _enc_unsubscribe(pkt: Unsubscribe, v5: bool) -> tuple[int, bytes]:
+    body = struct.pack("!H", pkt.packet_id) + _props(pkt.properties, v5)
+    return 0b0010, body + b"".join(_utf8(f) for f in pkt.topic_filters)
+
+
+def _enc_unsuback(pkt: Unsuback, v5: bool) -> tuple[int, bytes]:
+    body = struct.pack("!H", pkt.packet_id)
+    if v5:  # 3.1.1's UNSUBACK has no reason codes
+        body += encode_properties(pkt.properties) + bytes(pkt.reason_codes)
+    return 0, body
+
+
+def _enc_empty(pkt: Pingreq | Pingresp, v5: bool) -> tuple[int, bytes]:
+    return 0, b""
+
+
+def _enc_reason(pkt: Disconnect | Auth, v5: bool) -> tuple[int, bytes]:
+    if pkt.type == PacketType.AUTH and not v5:
+        raise ValueError("AUTH exists only in MQTT 5.0")
+    body = b""
+    if v5 and (pkt.reason_code or pkt.properties):
+        body = bytes([pkt.reason_code]) + (
+            encode_properties(pkt.properties) if pkt.properties else b""
+        )
+    return 0, body
+
+
+_ENCODERS: dict[int, Callable[[Any, bool], tuple[int, bytes]]] = {
+    PacketType.CONNECT: _enc_connect,
+    PacketType.CONNACK: _enc_connack,
+    PacketType.PUBLISH: _enc_publish,
+    PacketType.PUBACK: _enc_ack,
+    PacketType.PUBREC: _enc_ack,
+    PacketType.PUBREL: _enc_pubrel,
+    PacketType.PUBCOMP: _enc_ack,
+    PacketType.SUBSCRIBE: _enc_subscribe,
+    PacketType.SUBACK: _enc_suback,
+    PacketType.UNSUBSCRIBE: _enc_unsubscribe,
+    PacketType.UNSUBACK: _enc_unsuback,
+    PacketType.PINGREQ: _enc_empty,
+    PacketType.PINGRESP: _enc_empty,
+    PacketType.DISCONNECT: _enc_reason,
+    PacketType.AUTH: _enc_reason,
+}
+
+
 def encode(pkt: Packet, version: int = MQTT_5) -> bytes:
     """Serialise one packet for the given protocol level (4 = 3.1.1, 5 = 5.0)."""
-    v5 = version == MQTT_5
-    t = pkt.type
-    if t == PacketType.PUBLISH:
-        assert isinstance(pkt, Publish)
-        if pkt.qos not in (0, 1, 2):
-            raise ValueError("QoS must be 0, 1 or 2")  # MQTT-3.3.1-4
-        flags = (pkt.dup << 3) | (pkt.qos << 1) | pkt.retain
-        body = _utf8(pkt.topic)
-        if pkt.qos:
-            if not pkt.packet_id:
-                raise ValueError("QoS>0 PUBLISH needs a non-zero packet id")  # MQTT-2.3.1-1
-            body += struct.pack("!H", pkt.packet_id)
-        if v5:
-            body += encode_properties(pkt.properties)
-        return _fixed(t, flags, body + pkt.payload)
-    if t in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBCOMP):
-        return _fixed(t, 0, _ack_body(pkt, version))
-    if t == PacketType.PUBREL:
-        return _fixed(t, 0b0010, _ack_body(pkt, version))  # MQTT-3.6.1-1
-    if t == PacketType.CONNECT:
-        assert isinstance(pkt, Connect)
-        return _fixed(t, 0, _connect_body(pkt))
-    if t == PacketType.CONNACK:
-        assert isinstance(pkt, Connack)
-        body = bytes([int(pkt.session_present), pkt.reason_code])
-        if v5:
-            body += encode_properties(pkt.properties)
-        return _fixed(t, 0, body)
-    if t == PacketType.SUBSCRIBE:
-        assert isinstance(pkt, Subscribe)
-        body = struct.pack("!H", pkt.packet_id)
-        if v5:
-            body += encode_properties(pkt.properties)
-        for s in pkt.subscriptions:
-            opts = s.qos
-            if v5:
-                opts |= (s.no_local << 2) | (s.retain_as_published << 3) | (s.retain_handling << 4)
-            body += _utf8(s.topic_filter) + bytes([opts])
-        return _fixed(t, 0b0010, body)
-    if t == PacketType.SUBACK:
-        assert isinstance(pkt, Suback)
-        body = struct.pack("!H", pkt.packet_id)
-        if v5:
-            body += encode_properties(pkt.properties)
-        return _fixed(t, 0, body + bytes(pkt.reason_codes))
-    if t == PacketType.UNSUBSCRIBE:
-        assert isinstance(pkt, Unsubscribe)
-        body = struct.pack("!H", pkt.packet_id)
-        if v5:
-            body += encode_properties(pkt.properties)
-        for f in pkt.topic_filters:
-            body += _utf8(f)
-        return _fixed(t, 0b0010, body)
-    if t == PacketType.UNSUBACK:
-        assert isinstance(pkt, Unsuback)
-        body = struct.pack("!H", pkt.packet_id)
-        if v5:
-            body += encode_properties(pkt.properties) + bytes(pkt.reason_codes)
-        return _fixed(t, 0, body)
-    if t in (PacketType.PINGREQ, PacketType.PINGRESP):
-        return _fixed(t, 0, b"")
-    if t in (PacketType.DISCONNECT, PacketType.AUTH):
-        assert isinstance(pkt, Disconnect | Auth)
-        if t == PacketType.AUTH and not v5:
-            raise ValueError("AUTH exists only in MQTT 5.0")
-        body = b""
-        if v5 and (pkt.reason_code or pkt.properties):
-            body = bytes([pkt.reason_code])
-            if pkt.properties:
-                body += encode_properties(pkt.properties)
-        return _fixed(t, 0, body)
-    raise ValueError(f"cannot encode {pkt!r}")
+    encoder = _ENCODERS.get(getattr(pkt, "type", -1))
+    if encoder is None:
+        raise ValueError(f"cannot encode {pkt!r}")
+    flags, body = encoder(pkt, version == MQTT_5)
+    return _fixed(pkt.type, flags, body)
 
 
 def _connect_body(pkt: Connect) -> bytes:
