@@ -108,6 +108,7 @@ class UplinkConfig:
 
 REFUSAL_BACKOFF = 0.5
 REFUSAL_BACKOFF_MAX = 30.0
+RATE_HORIZON = 30.0  # seconds of deliveries the drain rate averages over
 
 
 @dataclass
@@ -128,9 +129,9 @@ class UplinkStatus:
     last_drain: dict[str, Any] | None = None
     last_outage: dict[str, float] | None = None  # {"from", "to"}: the last time it was down
     ignored: collections.Counter[str] = field(default_factory=collections.Counter)
-    _rate_window: collections.deque[tuple[float, int]] = field(
-        default_factory=lambda: collections.deque(maxlen=600)
-    )
+    # (monotonic time, delivered so far), pruned by age, not by count: a drain of
+    # thousands of one-reading messages must still reach back to its first delivery.
+    _rate_window: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
     _connected_mono: float | None = None
     _first_delivery_mono: float | None = None  # the first since connecting
 
@@ -142,12 +143,19 @@ class UplinkStatus:
             # The window starts here (after this batch): the handshake and the
             # session's resends are not part of a drain's pace.
             self._first_delivery_mono = now
+        self._append_rate(now)
+
+    def _append_rate(self, now: float) -> None:
         self._rate_window.append((now, self.delivered))
+        window = self._rate_window
+        # Keep one entry at or before the horizon: it is the base of the oldest window.
+        while len(window) > 1 and window[1][0] <= now - RATE_HORIZON:
+            window.popleft()
 
     def record_connected(self) -> None:
         self._connected_mono = time.monotonic()
         self._first_delivery_mono = None
-        self._rate_window.append((self._connected_mono, self.delivered))
+        self._append_rate(self._connected_mono)
 
     def record_down(self) -> None:
         self._connected_mono = None
@@ -155,7 +163,7 @@ class UplinkStatus:
         if self.down_since is None:
             self.down_since = time.time()
 
-    def drain_rate(self, horizon: float = 30.0) -> float:
+    def drain_rate(self, horizon: float = RATE_HORIZON) -> float:
         """Readings per second delivered over the last ``horizon`` seconds of this connection.
 
         Deliveries from before an outage do not count: while the uplink is down the
