@@ -775,23 +775,16 @@ class Store:
 
         return self._write(commit)
 
-    def shift_times(self, after_seq: int, shift_s: float, flag: str, add_flag: str) -> int:
-        """Correct the timestamps of waiting readings flagged ``flag`` (not yet ``add_flag``).
-
-        Only readings above ``after_seq`` and not yet in a message are touched: a
-        message's payload must stay byte-identical for its DUP resends. Returns
-        how many were corrected; the store's counters keep the sum under ``add_flag``.
-        """
-
-        def commit() -> int:
-            with self._tx() as db:
-                return self.shift_times_in(db, after_seq, shift_s, flag, add_flag)
-
-        return self._write(commit)
-
     def shift_times_in(
         self, db: sqlite3.Connection, after_seq: int, shift_s: float, flag: str, add_flag: str
     ) -> int:
+        """Correct the timestamps of waiting readings flagged ``flag`` (not yet ``add_flag``)
+        by ``shift_s``, and add ``add_flag``; returns how many were corrected.
+
+        Only readings above ``after_seq`` and not yet in a message are touched: a
+        message's payload must stay byte-identical for its DUP resends. What the
+        flags mean, and whether to count the correction, is the caller's business.
+        """
         low = max(after_seq, self._inflight_high_seq(db))
         # The row holding seq low + 1 may begin at or below low: start from it.
         start = db.execute("SELECT MAX(seq) FROM outbox WHERE seq <= ?", (low + 1,)).fetchone()[0]
@@ -813,7 +806,6 @@ class Store:
             if changed:
                 updates.append((_marks(readings), pack_body(encode_readings(readings)), seq))
         db.executemany("UPDATE outbox SET marks = ?, body = ? WHERE seq = ?", updates)
-        self._bump(db, add_flag, fixed)
         return fixed
 
     def probe(self) -> None:
@@ -1308,6 +1300,12 @@ class Store:
                 "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
                 (name, n),
             )
+
+    def count_in(self, db: sqlite3.Connection, name: str, n: int) -> None:
+        """Add ``n`` to the durable counter ``name`` inside the caller's transaction: a
+        layer above counts its own events with the change they describe (the gateway's
+        ``clock_corrected``), under names this store does not know."""
+        self._bump(db, name, n)
 
     def counters(self) -> dict[str, int]:
         with self._rlock:
