@@ -1362,12 +1362,16 @@ class Store:
 def held_receive_ids(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
     """(session, packet id) of every QoS 2 message a store file's receiver holds
     (``in_qos2``), read without opening the file for writing: a file another program
-    or version left, which is never written again. Raises sqlite3.Error."""
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    or version left, which is never written again. Raises StoreError if it cannot be
+    read (the caller need not know the store is SQLite)."""
     try:
-        rows = con.execute("SELECT session, packet_id FROM in_qos2").fetchall()
-    finally:
-        con.close()
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = con.execute("SELECT session, packet_id FROM in_qos2").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from exc
     return [(str(key), int(pid)) for key, pid in rows]
 
 

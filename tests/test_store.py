@@ -20,7 +20,9 @@ from pubcomp.sync.store import (
     Message,
     Reading,
     Store,
+    StoreError,
     StoreFull,
+    held_receive_ids,
     unpack_body,
 )
 
@@ -307,6 +309,21 @@ def test_receiver_ids_commit_with_the_data_rule_5(tmp_path: Path) -> None:
             s.qos2_record(db, "ingress#node-2", 5)
         s.qos2_reset("ingress#node-2")
         assert s.qos2_pending("ingress#node-2") == set()
+
+
+def test_held_receive_ids_reads_a_store_left_behind_and_says_store_error_otherwise(
+    tmp_path: Path,
+) -> None:
+    """What the ingest reads from a previous version's store file: the ids, read only;
+    a file that is no store is a StoreError (the reader need not know SQLite)."""
+    path = tmp_path / "s.db"
+    with Store(path, gateway_id="gw") as s, s.transaction() as db:
+        s.qos2_record(db, "in", 9)
+    assert held_receive_ids(path) == [("in", 9)]
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database, not at all" * 100)
+    with pytest.raises(StoreError):
+        held_receive_ids(junk)
 
 
 def test_group_commit_with_message_keys_stores_each_message_once(tmp_path: Path) -> None:
