@@ -1376,7 +1376,12 @@ def held_receive_ids(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+    """The disk (not the quota) is full: by SQLite's result code or the errno, never by
+    the words of a message, which SQLite and the C library are free to change."""
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOSPC
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == sqlite3.SQLITE_FULL
 
 
 def is_unwritable(exc: BaseException) -> bool:

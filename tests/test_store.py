@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import sqlite3
 import subprocess
@@ -23,6 +24,8 @@ from pubcomp.sync.store import (
     StoreError,
     StoreFull,
     held_receive_ids,
+    is_disk_full,
+    is_unwritable,
     unpack_body,
 )
 
@@ -282,6 +285,33 @@ def test_full_disk_refuses_new_and_keeps_delivering(tmp_path: Path) -> None:
         s.append(readings(10))  # room again for new readings
         assert s.stats()["backlog"] == 10
         s.close()
+
+
+def _coded(message: str, code: int) -> sqlite3.OperationalError:
+    exc = sqlite3.OperationalError(message)
+    exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+    return exc
+
+
+def test_write_failures_are_classified_by_code_never_by_message() -> None:
+    """Disk full and a refusing file system, by SQLite result code (extended codes
+    included) or errno; a message that merely says "full" is neither."""
+    full = [_coded("whatever", sqlite3.SQLITE_FULL), OSError(errno.ENOSPC, "x")]
+    refusing = [
+        _coded("disk I/O error", 778),  # SQLITE_IOERR_WRITE
+        _coded("attempt to write a readonly database", sqlite3.SQLITE_READONLY),
+        _coded("unable to open database file", sqlite3.SQLITE_CANTOPEN),
+        OSError(errno.EROFS, "x"),
+        OSError(errno.EIO, "x"),
+    ]
+    neither = [
+        _coded("database or disk is full", sqlite3.SQLITE_CONSTRAINT),
+        sqlite3.OperationalError("database or disk is full"),  # no code at all
+        OSError(errno.EACCES, "full"),
+    ]
+    assert all(is_disk_full(e) and not is_unwritable(e) for e in full)
+    assert all(is_unwritable(e) and not is_disk_full(e) for e in refusing)
+    assert not any(is_disk_full(e) or is_unwritable(e) for e in neither)
 
 
 def test_outgoing_state_enum_matches_store_text() -> None:
