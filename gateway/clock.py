@@ -19,11 +19,13 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 
 from pubcomp.sensors.api import ClockFix
 
+from ..sync.store import Store
 from ..sync.wire import wire_time
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,15 @@ GPS_DISAGREEMENT_S = 2.0  # a synced kernel clock wins over a GPS this far off
 
 UNSYNCED = "clock_unsynced"
 CORRECTED = "clock_corrected"
+
+
+def correct_waiting(store: Store, db: sqlite3.Connection, after_seq: int, shift_s: float) -> int:
+    """Inside the caller's transaction: shift this run's waiting unsynced readings (seqs
+    above ``after_seq``) by ``shift_s``, flag them ``clock_corrected`` and count them in
+    the store's counters, so the count is durable with the correction it describes."""
+    n = store.shift_times_in(db, after_seq, shift_s, UNSYNCED, CORRECTED)
+    store.count_in(db, CORRECTED, n)
+    return n
 
 
 def kernel_synced() -> bool | None:

@@ -27,7 +27,7 @@ from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 
 from ..sync.running import run_until_stopped
-from .clock import CORRECTED, UNSYNCED, ClockWatch, kernel_check
+from .clock import ClockWatch, correct_waiting, kernel_check
 from .commitlog import CommitLog
 from .config import GatewayConfig
 from .drivers import Drivers
@@ -185,7 +185,7 @@ class Gateway:
             return
 
         def correct(db: Any) -> int:
-            n = self.store.shift_times_in(db, self.first_new_seq, shift, UNSYNCED, CORRECTED)
+            n = correct_waiting(self.store, db, self.first_new_seq, shift)
             log.info("clock synced: corrected %d waiting readings by %+.3f s", n, shift)
             return n
 

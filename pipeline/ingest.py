@@ -34,7 +34,6 @@ import dataclasses
 import json
 import logging
 import re
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -64,7 +63,7 @@ from pubcomp.sync.packets import (
 )
 from pubcomp.sync.running import reconnecting, run_until_stopped
 from pubcomp.sync.session import Forget, Reack, ReceiverSession, message_digest
-from pubcomp.sync.store import held_receive_ids
+from pubcomp.sync.store import StoreError, held_receive_ids
 
 from .landing import RECEIVE_KEY, LandingWriter, rejection_line
 
@@ -210,7 +209,7 @@ class Ingest:
         out: dict[str, list[int]] = {}
         try:
             held = held_receive_ids(db)
-        except sqlite3.Error as exc:
+        except StoreError as exc:
             log.warning("%s: not read (%s)", db, exc)
             return out
         for key, pid in held:

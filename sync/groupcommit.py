@@ -42,17 +42,15 @@ import asyncio
 import collections
 import contextlib
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .store import Store, StoreFull, StoreUnwritable, is_disk_full, is_unwritable
+from .store import DbOp, Store, StoreFull, StoreUnwritable
 
 log = logging.getLogger(__name__)
 
-DbOp = Callable[[sqlite3.Connection], Any]
 Source = Callable[[], None]
 
 
@@ -97,7 +95,6 @@ class GroupCommit:
         # what it keeps in flight when it sends as fast as it may.
         self._window: dict[str, collections.deque[int]] = {}
         self._peak: dict[str, int] = {}
-        self._wrote = False  # the last commit changed rows (set in the worker thread)
 
     # ------------------------------------------------------------ producers
 
@@ -239,8 +236,6 @@ class GroupCommit:
         else:
             self.stats.commits += 1
             self.stats.last_error = None
-            if self._wrote:  # an empty commit writes nothing: it proves no disk writable
-                self.store.wrote()
             self.store.notify()
         self._unacked -= peers  # (the window of a producer stays: nodes are few and named)
         for op, (ok, value) in zip(group, outcomes, strict=True):
@@ -256,39 +251,7 @@ class GroupCommit:
                 op.done.set_exception(value)
 
     def _commit(self, group: list[_Op]) -> list[tuple[bool, Any]]:
-        """In the worker thread: the group's transaction; a file system that refuses
-        writes fails it with ``StoreUnwritable`` (recorded in the store's write state)."""
-        before = self.store.total_changes()
-        try:
-            out = self._commit_or_make_room(group)
-            self._wrote = self.store.total_changes() != before
-            return out
-        except (sqlite3.Error, OSError) as exc:
-            if is_unwritable(exc):
-                raise self.store.unwritable(exc) from exc
-            raise
-
-    def _commit_or_make_room(self, group: list[_Op]) -> list[tuple[bool, Any]]:
-        """One transaction for the group; on a full disk, make room (truncate the WAL;
-        for deliveries, spend the reserve) and try again."""
-        try:
-            return self.store.run_ops([op.fn for op in group])
-        except sqlite3.OperationalError as exc:
-            if not is_disk_full(exc):
-                raise
-        self.store.checkpoint()
-        try:
-            return self.store.run_ops([op.fn for op in group])
-        except sqlite3.OperationalError as exc:
-            if not is_disk_full(exc):
-                raise
-            full = exc
-        # Still full: deliveries alone (they free space), with the reserve if need be;
-        # everything that adds data is refused and keeps its waiters unacknowledged.
-        freeing = [op for op in group if op.frees]
-        done: dict[int, tuple[bool, Any]] = {}
-        if freeing:
-            results = self.store.run_freeing([op.fn for op in freeing])
-            done = {id(op): r for op, r in zip(freeing, results, strict=True)}
-        refusal = self.store.refuse_full(full)
-        return [done.get(id(op), (False, refusal)) for op in group]
+        """In the worker thread: the group's transaction (``Store.commit_ops``: a full
+        disk makes room or refuses what adds data; a file system that refuses writes
+        fails the whole group with ``StoreUnwritable``, recorded in the store)."""
+        return self.store.commit_ops([(op.fn, op.frees) for op in group])

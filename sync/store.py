@@ -49,12 +49,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .session import OutState
 from .wire import GAUGE, encode_readings, wire_time
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+DbOp = Callable[[sqlite3.Connection], Any]  # a change run inside a transaction
 
 # 2: node_seen; outbox.seq without AUTOINCREMENT in new files. 3: packed outbox rows.
 SCHEMA_VERSION = 3
@@ -461,27 +464,52 @@ class Store:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self.io.checkpoints += 1
 
-    def _on_full_disk(self, fn: Any, *, spend_reserve: bool) -> Any:
-        """Run a transaction; on a full disk, truncate the WAL and retry, then (for
-        transactions that free space) spend the reserve and retry once more."""
-        try:
-            return fn()
-        except sqlite3.OperationalError as exc:
-            if not is_disk_full(exc):
-                raise
-        self.checkpoint()
-        try:
-            return fn()
-        except sqlite3.OperationalError as exc:
-            if not (is_disk_full(exc) and spend_reserve and self.reserve_path.exists()):
-                raise
-        log.error("disk full under %s: releasing the reserve to keep delivering", self.path)
-        self.reserve_path.unlink()
-        self.checkpoint()
-        return fn()
+    def _write(self, tx: Callable[[], T], *, spend_reserve: bool = False, retry: bool = True) -> T:
+        """Run ``tx`` (a transaction) the way every write of the store is run.
 
-    def _freeing(self, fn: Any) -> Any:
-        return self._on_full_disk(fn, spend_reserve=True)
+        On a full disk: truncate the WAL and run it again (``retry``: only a transaction
+        that can run twice, not one consuming a one-shot iterator); for one that frees
+        space (``spend_reserve``: deliveries, session transitions), release the reserve
+        and run it once more. Failures are named in ``_classified``.
+        """
+        with self._lock, self._classified():
+            try:
+                return tx()
+            except sqlite3.OperationalError as exc:
+                if not (retry and is_disk_full(exc)):
+                    raise
+            self.checkpoint()
+            try:
+                return tx()
+            except sqlite3.OperationalError as exc:
+                if not (is_disk_full(exc) and spend_reserve and self.reserve_path.exists()):
+                    raise
+            log.error("disk full under %s: releasing the reserve to keep delivering", self.path)
+            self.reserve_path.unlink()
+            self.checkpoint()
+            return tx()
+
+    @contextlib.contextmanager
+    def _classified(self) -> Iterator[None]:
+        """The one place a write's failure is named: a file system that refuses writes is
+        ``StoreUnwritable`` (recorded in ``write_state``), a full disk ``StoreFull``.
+        A write that changed rows proves the store writable again."""
+        with self._lock:
+            before = self._db.total_changes
+            try:
+                yield
+            except (sqlite3.Error, OSError) as exc:
+                if is_unwritable(exc):
+                    raise self.unwritable(exc) from exc
+                if is_disk_full(exc):
+                    # The failed transaction's frames stay in the WAL: truncating it
+                    # gives their space back to whoever writes next (a delivery).
+                    self.checkpoint()
+                    raise self._refuse_full(exc) from exc
+                raise
+            # An empty commit writes nothing, so it proves nothing about the disk.
+            if self._db.total_changes != before:
+                self.wrote()
 
     def close(self) -> None:
         with self._lock, self._rlock:
@@ -511,7 +539,7 @@ class Store:
             finally:
                 self._floor_pending = None
 
-    def run_ops(self, ops: Sequence[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+    def run_ops(self, ops: Sequence[DbOp]) -> list[tuple[bool, Any]]:
         """Run ``ops`` in ONE transaction (one fsync), each under its own savepoint.
 
         Returns (True, result) or (False, exception) per op: an op that raises is
@@ -537,16 +565,23 @@ class Store:
                 db.execute("RELEASE op")
         return out
 
-    def run_freeing(
-        self, ops: Sequence[Callable[[sqlite3.Connection], Any]]
-    ) -> list[tuple[bool, Any]]:
-        """``run_ops`` for deliveries on a full disk: may spend the reserve to commit them."""
-        results: list[tuple[bool, Any]] = self._freeing(lambda: self.run_ops(ops))
-        if not self.reserve_path.exists():
-            self._ensure_reserve()
-        return results
+    def commit_ops(self, ops: Sequence[tuple[DbOp, bool]]) -> list[tuple[bool, Any]]:
+        """The group commit's transaction: ``ops`` (each with whether it frees space) in
+        one transaction, as ``run_ops``. A full disk that truncating the WAL does not
+        cure: the ops that free space (deliveries) alone, with the reserve if need be;
+        every other op is refused (``StoreFull``) and its waiter stays unacknowledged."""
+        try:
+            return self._write(lambda: self.run_ops([fn for fn, _ in ops]))
+        except StoreFull as refusal:
+            freeing = [fn for fn, frees in ops if frees]
+            if not freeing:
+                return [(False, refusal)] * len(ops)
+            results = iter(self._write(lambda: self.run_ops(freeing), spend_reserve=True))
+            if not self.reserve_path.exists():
+                self._ensure_reserve()
+            return [next(results) if frees else (False, refusal) for _, frees in ops]
 
-    def refuse_full(self, exc: BaseException) -> StoreFull:
+    def _refuse_full(self, exc: BaseException) -> StoreFull:
         """The disk is full and nothing more can be freed: the error new data gets."""
         self.refused_disk_full += 1
         return StoreFull(f"disk full under {self.path}: refusing new readings ({exc})")
@@ -590,12 +625,6 @@ class Store:
             return READ_ONLY if err.errno == errno.EROFS else IO_ERRORS
         return IO_ERRORS  # the probe got through: the writes fail, not the mount
 
-    def total_changes(self) -> int:
-        """Rows changed by the write connection so far (a commit that changed none wrote
-        nothing, and proves nothing about the disk)."""
-        with self._lock:
-            return self._db.total_changes
-
     def wrote(self) -> None:
         """A commit that changed something succeeded: the store is writable (again)."""
         ws = self.write_state
@@ -633,7 +662,7 @@ class Store:
         acknowledged. If ``readings`` raises part way, nothing is stored, and
         (0, -1) means there were none. A full disk raises ``StoreFull``; a
         sequence (not a one-shot iterator) is retried once after the WAL is
-        truncated.
+        truncated. A file system that refuses writes raises ``StoreUnwritable``.
         """
         now = time.time()
 
@@ -641,27 +670,13 @@ class Store:
             with self._tx() as db:
                 before = self._last_seq(db)
                 self._make_room(db, 1)
-                db.executemany(INSERT_OUTBOX, self._rows(readings, db, now))
+                self._insert_readings(db, readings, now)
                 return before, self._last_seq(db)
 
-        try:
-            if isinstance(readings, Sequence):
-                before, last = self._on_full_disk(insert, spend_reserve=False)
-            else:
-                before, last = insert()
-        except (sqlite3.OperationalError, OSError) as exc:
-            self._raise_unwritable(exc)
-            if not is_disk_full(exc):
-                raise
-            self.checkpoint()
-            self.refused_disk_full += 1
-            raise StoreFull(f"disk full under {self.path}: refusing new readings") from exc
-        if last > before:
-            self.wrote()
+        before, last = self._write(insert, retry=isinstance(readings, Sequence))
         if last <= before:
             return 0, -1
-        for cb in self._listeners:
-            cb()
+        self.notify()
         return before + 1, last
 
     def append_batches(
@@ -675,31 +690,18 @@ class Store:
         was seen before is not stored again and reports False (acknowledge it all the
         same). ``state`` is saved in the same transaction (e.g. a pulse counter's
         total, so it never runs ahead of or behind its committed readings).
-        Raises StoreFull (nothing stored) when the quota or the disk refuses.
+        Raises StoreFull (nothing stored) when the quota or the disk refuses, and
+        StoreUnwritable when the file system refuses writes.
         """
-        results: list[bool] = []
 
         def commit() -> list[bool]:
             with self._tx() as db:
                 return self.append_batches_in(db, batches, state)
 
-        try:
-            results = self._on_full_disk(commit, spend_reserve=False)
-        except (sqlite3.OperationalError, OSError) as exc:
-            self._raise_unwritable(exc)
-            if not is_disk_full(exc):
-                raise
-            raise self.refuse_full(exc) from exc
+        results = self._write(commit)
         if any(results):
-            self.wrote()
             self.notify()
         return results
-
-    def _raise_unwritable(self, exc: BaseException) -> None:
-        """A write outside the group commit that the file system refused: recorded and
-        raised as the group commit does (``StoreUnwritable``), whichever path wrote."""
-        if is_unwritable(exc):
-            raise self.unwritable(exc) from exc
 
     def append_batches_in(
         self,
@@ -715,11 +717,17 @@ class Store:
             if key is not None and self._seen_before(db, key, now):
                 results.append(False)
                 continue
-            db.executemany(INSERT_OUTBOX, self._rows(readings, db, now))
+            self._insert_readings(db, readings, now)
             results.append(True)
         if state:
             db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", list(state.items()))
         return results
+
+    def _insert_readings(
+        self, db: sqlite3.Connection, readings: Iterable[Reading], now: float
+    ) -> None:
+        """The one place readings enter the outbox: each gets its seq and id here."""
+        db.executemany(INSERT_OUTBOX, self._rows(readings, db, now))
 
     def _seen_before(self, db: sqlite3.Connection, key: str, now: float) -> bool:
         """Was this message key stored before? If not, remember it (in this transaction).
@@ -757,25 +765,26 @@ class Store:
         """Forget message keys older than this (a retry never comes that late): a
         node's boots not written to since, and single keys. Returns the rows forgotten."""
         cutoff = time.time() - older_than_s
-        with self._tx() as db:
-            n = db.execute("DELETE FROM node_seen WHERE at < ?", (cutoff,)).rowcount
-            n += db.execute("DELETE FROM seen WHERE at < ?", (cutoff,)).rowcount
-            self._legacy_seen = db.execute("SELECT 1 FROM seen LIMIT 1").fetchone() is not None
-        return n
 
-    def shift_times(self, after_seq: int, shift_s: float, flag: str, add_flag: str) -> int:
-        """Correct the timestamps of waiting readings flagged ``flag`` (not yet ``add_flag``).
+        def commit() -> int:
+            with self._tx() as db:
+                n: int = db.execute("DELETE FROM node_seen WHERE at < ?", (cutoff,)).rowcount
+                n += db.execute("DELETE FROM seen WHERE at < ?", (cutoff,)).rowcount
+                self._legacy_seen = db.execute("SELECT 1 FROM seen LIMIT 1").fetchone() is not None
+            return n
 
-        Only readings above ``after_seq`` and not yet in a message are touched: a
-        message's payload must stay byte-identical for its DUP resends. Returns
-        how many were corrected; the store's counters keep the sum under ``add_flag``.
-        """
-        with self._tx() as db:
-            return self.shift_times_in(db, after_seq, shift_s, flag, add_flag)
+        return self._write(commit)
 
     def shift_times_in(
         self, db: sqlite3.Connection, after_seq: int, shift_s: float, flag: str, add_flag: str
     ) -> int:
+        """Correct the timestamps of waiting readings flagged ``flag`` (not yet ``add_flag``)
+        by ``shift_s``, and add ``add_flag``; returns how many were corrected.
+
+        Only readings above ``after_seq`` and not yet in a message are touched: a
+        message's payload must stay byte-identical for its DUP resends. What the
+        flags mean, and whether to count the correction, is the caller's business.
+        """
         low = max(after_seq, self._inflight_high_seq(db))
         # The row holding seq low + 1 may begin at or below low: start from it.
         start = db.execute("SELECT MAX(seq) FROM outbox WHERE seq <= ?", (low + 1,)).fetchone()[0]
@@ -797,7 +806,6 @@ class Store:
             if changed:
                 updates.append((_marks(readings), pack_body(encode_readings(readings)), seq))
         db.executemany("UPDATE outbox SET marks = ?, body = ? WHERE seq = ?", updates)
-        self._bump(db, add_flag, fixed)
         return fixed
 
     def probe(self) -> None:
@@ -1060,8 +1068,12 @@ class Store:
         Their ids mean nothing to this session's broker, so they wait as QUEUED
         for new ids; their readings are counted as resent after session loss.
         """
-        with self._tx() as db:
-            return self.adopt_orphans_in(db, session)
+
+        def commit() -> int:
+            with self._tx() as db:
+                return self.adopt_orphans_in(db, session)
+
+        return self._write(commit)
 
     def adopt_orphans_in(self, db: sqlite3.Connection, session: str) -> int:
         rows = db.execute(
@@ -1071,11 +1083,6 @@ class Store:
         ).fetchall()
         self._bump(db, "resent_after_session_loss", self._count_in(db, rows))
         return len(rows)
-
-    def session_started(self, session: str) -> None:
-        """The broker now holds a session for us (after a clean start)."""
-        with self._tx() as db:
-            self.session_started_in(db, session)
 
     def session_started_in(self, db: sqlite3.Connection, session: str) -> None:
         db.execute(
@@ -1096,7 +1103,7 @@ class Store:
                 with self._tx() as db:
                     return self.begin_messages_in(db, session, messages)
 
-            for m, o in zip(messages, self._freeing(commit), strict=True):
+            for m, o in zip(messages, self._write(commit, spend_reserve=True), strict=True):
                 m.ord, m.state = o, OutState.PUBLISH_SENT
 
     def begin_messages_in(
@@ -1147,7 +1154,7 @@ class Store:
             with self._tx() as db:
                 return self.apply_in(db, session, released, completed, refused)
 
-        delivered = self._freeing(commit)
+        delivered = self._write(commit, spend_reserve=True)
         if completed and not self.reserve_path.exists():
             self._ensure_reserve()
         return int(delivered)
@@ -1224,7 +1231,7 @@ class Store:
             with self._tx() as db:
                 return self.requeue_lost_in(db, session)
 
-        return int(self._freeing(commit))
+        return int(self._write(commit, spend_reserve=True))
 
     def requeue_lost_in(self, db: sqlite3.Connection, session: str) -> int:
         rows = db.execute(
@@ -1262,20 +1269,26 @@ class Store:
         )
 
     def qos2_forget(self, session: str, packet_ids: Iterable[int]) -> None:
-        with self._tx() as db:
-            db.executemany(
-                "DELETE FROM in_qos2 WHERE session = ? AND packet_id = ?",
-                [(session, p) for p in packet_ids],
-            )
+        rows = [(session, p) for p in packet_ids]
+
+        def commit() -> None:
+            with self._tx() as db:
+                db.executemany("DELETE FROM in_qos2 WHERE session = ? AND packet_id = ?", rows)
+
+        self._write(commit)
 
     def qos2_reset(self, session: str) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM in_qos2 WHERE session = ?", (session,))
+        def commit() -> None:
+            with self._tx() as db:
+                db.execute("DELETE FROM in_qos2 WHERE session = ?", (session,))
+
+        self._write(commit)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One durable transaction for receivers that store data and ids together."""
-        with self._tx() as db:
+        """One durable transaction for receivers that store data and ids together
+        (the caller's block runs once: a full disk is not retried, it raises StoreFull)."""
+        with self._classified(), self._tx() as db:
             yield db
 
     # --------------------------------------------------------------- stats
@@ -1287,6 +1300,12 @@ class Store:
                 "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
                 (name, n),
             )
+
+    def count_in(self, db: sqlite3.Connection, name: str, n: int) -> None:
+        """Add ``n`` to the durable counter ``name`` inside the caller's transaction: a
+        layer above counts its own events with the change they describe (the gateway's
+        ``clock_corrected``), under names this store does not know."""
+        self._bump(db, name, n)
 
     def counters(self) -> dict[str, int]:
         with self._rlock:
@@ -1343,17 +1362,26 @@ class Store:
 def held_receive_ids(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
     """(session, packet id) of every QoS 2 message a store file's receiver holds
     (``in_qos2``), read without opening the file for writing: a file another program
-    or version left, which is never written again. Raises sqlite3.Error."""
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    or version left, which is never written again. Raises StoreError if it cannot be
+    read (the caller need not know the store is SQLite)."""
     try:
-        rows = con.execute("SELECT session, packet_id FROM in_qos2").fetchall()
-    finally:
-        con.close()
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = con.execute("SELECT session, packet_id FROM in_qos2").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from exc
     return [(str(key), int(pid)) for key, pid in rows]
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+    """The disk (not the quota) is full: by SQLite's result code or the errno, never by
+    the words of a message, which SQLite and the C library are free to change."""
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOSPC
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == sqlite3.SQLITE_FULL
 
 
 def is_unwritable(exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -27,7 +27,15 @@ from devkit.powercut import PowerCutMount, fuse_missing
 from pubcomp.gateway import commitlog
 from pubcomp.gateway.commands import EXIT_STORE_UNWRITABLE
 from pubcomp.gateway.status import verdict
-from pubcomp.sync.store import IO_ERRORS, READ_ONLY, Reading, Store, StoreUnwritable
+from pubcomp.sync.session import OutState
+from pubcomp.sync.store import (
+    IO_ERRORS,
+    READ_ONLY,
+    Message,
+    Reading,
+    Store,
+    StoreUnwritable,
+)
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 
@@ -206,3 +214,48 @@ def test_writes_outside_the_group_commit_say_unwritable_too(
         first, last = s.append(batch(3))
         assert last == first > 1 and s.write_state.writable
         assert s.stats()["backlog"] == 2  # the refused ones were never stored
+
+
+@pytest.mark.parametrize(("fault", "kind"), [("readonly", READ_ONLY), ("eio", IO_ERRORS)])
+def test_every_write_path_of_the_store_says_unwritable(
+    disk: PowerCutMount, fault: str, kind: str
+) -> None:
+    """Not only the readings' paths: the session's writes outside the group commit
+    (tools, the standalone uplink's tests) and a receiver's transaction fail on a
+    refusing card as StoreUnwritable, each counted in the write state, never as a bare
+    sqlite3 error that leaves the store looking writable."""
+
+    def reading(i: int) -> Reading:
+        return Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C")
+
+    with Store(disk.path / "s.db", gateway_id="gw") as s:
+        s.append([reading(i) for i in range(4)])
+        s.begin_messages("k", [Message(0, 1, 2, Q, "t", 1, 2)])
+        s.append_batches([("n/1/1", [reading(9)])])  # a node's key, for prune_seen
+        _record_in_transaction(s)  # a receiver's id, for qos2_reset
+        getattr(disk, fault)()  # (every write below changes rows: an empty one writes nothing)
+        writes: list[tuple[str, Callable[[], object]]] = [
+            ("begin_messages", lambda: s.begin_messages("k", [Message(0, 2, 2, Q, "t", 3, 4)])),
+            ("apply", lambda: s.apply("k", completed=[1])),
+            ("requeue_lost", lambda: s.requeue_lost("k")),
+            ("adopt_orphans", lambda: s.adopt_orphans("other")),
+            ("qos2_reset", lambda: s.qos2_reset("in")),
+            ("prune_seen", lambda: s.prune_seen(0)),
+            ("transaction", lambda: _record_in_transaction(s)),
+        ]
+        for errors, (name, write) in enumerate(writes, 1):
+            with pytest.raises(StoreUnwritable) as refused:
+                write()
+            assert refused.value.kind == kind, name
+            assert s.write_state.errors == errors and not s.write_state.writable, name
+        disk.heal()
+        assert s.apply("k", completed=[1]) == 4  # nothing of the refused ones took (one row)
+        assert s.write_state.writable and s.stats()["backlog"] == 1
+
+
+Q = OutState.QUEUED
+
+
+def _record_in_transaction(s: Store) -> None:
+    with s.transaction() as db:
+        s.qos2_record(db, "in", 7)

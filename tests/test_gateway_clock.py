@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from pubcomp.gateway import service
-from pubcomp.gateway.clock import CORRECTED, UNSYNCED, ClockWatch, iso, kernel_synced
+from pubcomp.gateway.clock import (
+    CORRECTED,
+    UNSYNCED,
+    ClockWatch,
+    correct_waiting,
+    iso,
+    kernel_synced,
+)
 from pubcomp.gateway.config import GatewayConfig
 from pubcomp.gateway.intake import Intake
 from pubcomp.sensors.api import ClockFix
@@ -95,15 +102,20 @@ def test_store_shifts_only_waiting_unsynced_readings_of_this_run(tmp_path: Path)
         s.append([Reading("c", 3.0, old)])  # stamped while synced: no flag, left alone
         # The first new reading is already in a message: its payload must not change.
         s.begin_messages("sess", [_message(first_new + 1)])
-        n = s.shift_times(first_new, 3600.5, UNSYNCED, CORRECTED)
+        n = _correct(s, first_new, 3600.5)
         assert n == 2
         rows = {r["id"]: r for r in s.readings_between(1, s.last_seq())}
         by_seq = [rows[f"gw/{s.epoch}/{i}"] for i in range(1, 6)]
         assert [r["ts"] for r in by_seq] == [old, old, *["2001-09-09T02:46:40.500Z"] * 2, old]
         assert by_seq[2]["flags"] == [UNSYNCED, CORRECTED]
         assert by_seq[1]["flags"] == [UNSYNCED]
-        assert s.shift_times(first_new, 10.0, UNSYNCED, CORRECTED) == 0  # never twice
+        assert _correct(s, first_new, 10.0) == 0  # never twice
         assert s.counters()["clock_corrected"] == 2
+
+
+def _correct(s: Store, after_seq: int, shift_s: float) -> int:
+    with s.transaction() as db:
+        return correct_waiting(s, db, after_seq, shift_s)
 
 
 def _message(seq: int) -> Any:

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from pubcomp.sync.groupcommit import GroupCommit
+from pubcomp.sync.session import OutState
 from pubcomp.sync.store import (
     IO_ERRORS,
     READ_ONLY,
+    Message,
     Reading,
     Store,
     StoreFull,
@@ -359,3 +361,35 @@ def test_a_group_goes_at_once_when_every_producer_waits_on_it(tmp_path: Path) ->
         seen = asyncio.run(main(s))
     # (went before the last arrived, commits): never early, then one commit for all
     assert seen == {"four nodes": (False, 1), "one node, 8 in flight": (False, 1)}
+
+
+def test_on_a_full_disk_a_group_commits_its_deliveries_and_refuses_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A real full disk (a 4 MB tmpfs): a group holding new readings and a delivery. The
+    WAL truncated is not room enough, so the delivery commits alone (with the reserve)
+    and the readings' waiter hears StoreFull: never acknowledged, never stored."""
+    from tests.test_store import readings, tiny_tmpfs
+
+    async def main(s: Store) -> list[Any]:
+        gc, task = await running(s, commit_delay=0.05)
+        futs = [
+            gc.submit(lambda db: s.append_batches_in(db, [(None, readings(2000))])),
+            gc.submit(lambda db: s.apply_in(db, "k", completed=[1]), frees=True),
+        ]
+        out = await asyncio.gather(*futs, return_exceptions=True)
+        gc.close()
+        await task
+        return out
+
+    with tiny_tmpfs(tmp_path / "disk", "4m") as disk, Store(disk / "s.db") as s:
+        s.append(readings(100))
+        s.begin_messages("k", [Message(0, 1, 2, OutState.QUEUED, "t", 1, 100)])
+        with pytest.raises(StoreFull):
+            for i in range(1, 10_000):
+                s.append(readings(100, i * 100))
+        backlog, refused = s.stats()["backlog"], s.refused_disk_full
+        added, delivered = asyncio.run(main(s))
+        assert isinstance(added, StoreFull) and "disk full" in str(added)
+        assert delivered == 100 and s.refused_disk_full == refused + 1
+        assert s.stats()["backlog"] == backlog - 100

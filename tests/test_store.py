@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import sqlite3
 import subprocess
@@ -20,7 +21,11 @@ from pubcomp.sync.store import (
     Message,
     Reading,
     Store,
+    StoreError,
     StoreFull,
+    held_receive_ids,
+    is_disk_full,
+    is_unwritable,
     unpack_body,
 )
 
@@ -282,6 +287,33 @@ def test_full_disk_refuses_new_and_keeps_delivering(tmp_path: Path) -> None:
         s.close()
 
 
+def _coded(message: str, code: int) -> sqlite3.OperationalError:
+    exc = sqlite3.OperationalError(message)
+    exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+    return exc
+
+
+def test_write_failures_are_classified_by_code_never_by_message() -> None:
+    """Disk full and a refusing file system, by SQLite result code (extended codes
+    included) or errno; a message that merely says "full" is neither."""
+    full = [_coded("whatever", sqlite3.SQLITE_FULL), OSError(errno.ENOSPC, "x")]
+    refusing = [
+        _coded("disk I/O error", 778),  # SQLITE_IOERR_WRITE
+        _coded("attempt to write a readonly database", sqlite3.SQLITE_READONLY),
+        _coded("unable to open database file", sqlite3.SQLITE_CANTOPEN),
+        OSError(errno.EROFS, "x"),
+        OSError(errno.EIO, "x"),
+    ]
+    neither = [
+        _coded("database or disk is full", sqlite3.SQLITE_CONSTRAINT),
+        sqlite3.OperationalError("database or disk is full"),  # no code at all
+        OSError(errno.EACCES, "full"),
+    ]
+    assert all(is_disk_full(e) and not is_unwritable(e) for e in full)
+    assert all(is_unwritable(e) and not is_disk_full(e) for e in refusing)
+    assert not any(is_disk_full(e) or is_unwritable(e) for e in neither)
+
+
 def test_outgoing_state_enum_matches_store_text() -> None:
     assert Outgoing(1, 2).state == "PUBLISH_SENT" == OutState.PUBLISH_SENT
 
@@ -307,6 +339,21 @@ def test_receiver_ids_commit_with_the_data_rule_5(tmp_path: Path) -> None:
             s.qos2_record(db, "ingress#node-2", 5)
         s.qos2_reset("ingress#node-2")
         assert s.qos2_pending("ingress#node-2") == set()
+
+
+def test_held_receive_ids_reads_a_store_left_behind_and_says_store_error_otherwise(
+    tmp_path: Path,
+) -> None:
+    """What the ingest reads from a previous version's store file: the ids, read only;
+    a file that is no store is a StoreError (the reader need not know SQLite)."""
+    path = tmp_path / "s.db"
+    with Store(path, gateway_id="gw") as s, s.transaction() as db:
+        s.qos2_record(db, "in", 9)
+    assert held_receive_ids(path) == [("in", 9)]
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database, not at all" * 100)
+    with pytest.raises(StoreError):
+        held_receive_ids(junk)
 
 
 def test_group_commit_with_message_keys_stores_each_message_once(tmp_path: Path) -> None:
