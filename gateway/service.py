@@ -23,7 +23,7 @@ from pubcomp.sensors.pins import make_factory
 from pubcomp.sync.client import ConnectOptions, TLSOptions
 from pubcomp.sync.groupcommit import GroupCommit
 from pubcomp.sync.packets import MQTT_5, MQTT_311
-from pubcomp.sync.store import Store
+from pubcomp.sync.store import Store, StoreError
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 
 from ..sync.running import run_until_stopped
@@ -72,7 +72,11 @@ class Gateway:
         self.started = time.time()
         quota = int(cfg.store.quota_mb * 1e6) if cfg.store.quota_mb else None
         self.store = Store(
-            cfg.store.path, gateway_id=cfg.id, quota_bytes=quota, policy=cfg.store.policy
+            cfg.store.path,
+            gateway_id=cfg.id,
+            quota_bytes=quota,
+            policy=cfg.store.policy,
+            hold_if_unwritable=True,  # deliver what it holds (degraded) rather than exit
         )
         self.wear = Wear(cfg.store.flash_endurance_tbw)
         self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
@@ -212,7 +216,10 @@ class Gateway:
 
     async def _prune_loop(self) -> None:
         while True:
-            await asyncio.to_thread(self.store.prune_seen, SEEN_KEEP_S)
+            try:
+                await asyncio.to_thread(self.store.prune_seen, SEEN_KEEP_S)
+            except StoreError as exc:  # a dying card: the keys wait for the next round
+                log.warning("forgetting old message keys failed: %s", exc)
             await asyncio.sleep(3600)
 
     async def _watchdog_loop(self) -> None:

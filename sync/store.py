@@ -41,7 +41,9 @@ import logging
 import math
 import os
 import secrets
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 import zlib
@@ -153,6 +155,8 @@ BODY_DICT = (
     b'"ts":"2026-11-23T12:34:56.789Z","value":12.5,"unit":"%","flags":[]}'
 )
 WAL_BYTES = 1 << 20
+REOPEN_EVERY_S = 1.0  # a held store tries to open for writing at most this often
+HELD_COPY_MAX = 256 << 20  # a held store with a WAL is copied to memory up to this size
 # Small pages for new stores: every commit rewrites each page it touches in full
 # (a WAL frame per page), and a commit touches a few pages however small the
 # change, so on flash the page size is the unit of wear (docs/architecture.md).
@@ -265,6 +269,7 @@ class Store:
         quota_bytes: int | None = None,
         policy: str = "refuse_new",
         reserve_bytes: int = 2 << 20,
+        hold_if_unwritable: bool = False,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"store policy must be one of {POLICIES}, not {policy!r}")
@@ -273,6 +278,7 @@ class Store:
         self.policy = policy
         self.moved_aside: Path | None = None
         self._lock = threading.RLock()
+        self._rlock = threading.RLock()
         self._listeners: list[Any] = []
         self.io = StoreIO()
         self._floor_pending: int | None = None
@@ -283,24 +289,51 @@ class Store:
         # lets it wait): their readings are delivered, and ``stats`` says so at once.
         self._forgetting: list[list[int]] = []
         self._forgetting_lock = threading.Lock()
+        # Room kept on the disk for the transactions that free space: when the disk
+        # fills, deliveries (which delete readings) must still be able to commit.
+        self.reserve_path = Path(f"{self.path}.reserve")
+        self.reserve_bytes = reserve_bytes
+        self.refused_disk_full = 0
+        self.write_state = WriteState()
+        self._gateway_id_given = gateway_id
+        # Held: opened read-only because the card refused writes at the start (see
+        # ``_open_held``); every write first tries to open it for writing again.
+        self.held = False
+        self._held_error: BaseException | None = None
+        self._held_copy: Path | None = None  # where a held store is read, if copied
+        self._reopen_at = 0.0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            self._open_writable()
+        except StoreUnwritable as exc:
+            if not hold_if_unwritable:
+                raise
+            self._open_held(exc)
+
+    # ------------------------------------------------------------ opening
+
+    def _open_writable(self) -> None:
+        """Open (or create) the store for writing; a corrupt file is moved aside. A card
+        that refuses writes raises StoreUnwritable and moves nothing."""
+        new: sqlite3.Connection | None = None
+        try:
             try:
-                self._db = self._open()
+                new = self._open()
             except (sqlite3.DatabaseError, CorruptStore) as exc:
                 if is_unwritable(exc):
                     raise
                 self.moved_aside = self._move_aside(exc)
-                self._db = self._open()
-            self.epoch, self.gateway_id = self._init_meta(gateway_id)
+                new = self._open()
+            self._db = new
+            self.epoch, self.gateway_id = self._init_meta(self._gateway_id_given)
             self._pack_old_outbox()
         except (sqlite3.Error, OSError) as exc:
             # A card that refuses writes (read-only, I/O errors) is not a corrupt store:
             # moving the file aside would strand what it holds under another name.
             if not is_unwritable(exc):
                 raise
-            if hasattr(self, "_db"):
-                self._db.close()
+            if new is not None:
+                new.close()
             kind = self._diagnose_unwritable(exc)
             raise StoreUnwritable(
                 f"cannot open the store {self.path}: {UNWRITABLE_TEXT[kind]} ({exc}); "
@@ -315,15 +348,131 @@ class Store:
             )
         # Reads on their own connection: WAL lets them see every committed
         # transaction without waiting for a commit (and its fsync) in progress.
-        self._rlock = threading.RLock()
         self._rdb = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        # Room kept on the disk for the transactions that free space: when the disk
-        # fills, deliveries (which delete readings) must still be able to commit.
-        self.reserve_path = Path(f"{self.path}.reserve")
-        self.reserve_bytes = reserve_bytes
-        self.refused_disk_full = 0
-        self.write_state = WriteState()
         self._ensure_reserve()
+
+    def _open_held(self, refused: StoreUnwritable) -> None:
+        """The card refused writes at the start: open the file read-only, so what it
+        holds can still be delivered (sync/degraded.py) and the status told, while
+        nothing new is taken in. Raises ``refused`` if the file cannot even be read."""
+        if not self.path.exists():
+            raise refused
+        try:
+            conns, how = self._read_only_connections()
+            try:
+                meta = dict(conns[0].execute("SELECT key, value FROM meta").fetchall())
+                if int(meta.get("schema_version", 0)) != SCHEMA_VERSION or "epoch" not in meta:
+                    raise StoreError(
+                        f"schema {meta.get('schema_version')} cannot be read without being "
+                        f"converted (this pubcomp writes {SCHEMA_VERSION})"
+                    )
+                self._db, self._rdb = conns
+                self.epoch, self.gateway_id = meta["epoch"], meta["gateway_id"]
+                self._seq = self._seq_floor = self._highest_seq()
+            except BaseException:
+                for c in conns:
+                    c.close()
+                raise
+        except (sqlite3.Error, OSError, StoreError) as exc:
+            self._drop_held_copy()
+            log.error("store %s cannot be read either (%s)", self.path, exc)
+            raise refused from exc
+        self._legacy_seen = False
+        self.held = True
+        self._held_error = refused.__cause__ or refused
+        ws = self.write_state
+        ws.writable, ws.kind = False, refused.kind
+        ws.since = ws.last_error_at = time.time()
+        ws.last_error = str(self._held_error)
+        ws.errors += 1
+        log.error(
+            "%s: opened the store read-only (%s) to deliver what it holds; "
+            "nothing new is taken in until the card takes writes again",
+            refused,
+            how,
+        )
+
+    def _read_only_connections(self) -> tuple[list[sqlite3.Connection], str]:
+        """Two connections (writes, reads) that only read the store, and how they read.
+
+        Without a WAL, ``immutable=1`` reads the file as it is (``mode=ro`` would have
+        to create the shared-memory file on a disk that refuses it; nothing else writes
+        the file, and without a WAL there is nothing immutable misses). With a WAL,
+        ``mode=ro`` reads it if its shared-memory index is sound; after a crash the index
+        must be rebuilt, which writes, so the file and its WAL are copied to memory and
+        read there. Too big to copy: ``immutable=1``, and the WAL's commits wait for
+        the card to heal (they are not lost: nothing is ever deleted while held).
+        """
+
+        def connect(uri: str) -> sqlite3.Connection:
+            return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+
+        def pair(uri: str) -> list[sqlite3.Connection]:
+            conns = [connect(uri)]
+            try:
+                conns[0].execute("SELECT COUNT(*) FROM meta").fetchone()
+                conns.append(connect(uri))
+            except BaseException:
+                conns[0].close()
+                raise
+            return conns
+
+        wal = Path(f"{self.path}-wal")
+        if not (wal.exists() and wal.stat().st_size):
+            return pair(f"file:{self.path}?immutable=1"), "immutable=1"
+        with contextlib.suppress(sqlite3.Error):
+            return pair(f"file:{self.path}?mode=ro"), "mode=ro"
+        size = self.path.stat().st_size + wal.stat().st_size
+        for where in (os.environ.get("RUNTIME_DIRECTORY"), "/dev/shm", tempfile.gettempdir()):
+            if not where or not os.path.isdir(where):
+                continue
+            with contextlib.suppress(OSError):
+                if shutil.disk_usage(where).free < 2 * size or size > HELD_COPY_MAX:
+                    continue
+                copy = Path(tempfile.mkdtemp(prefix="pubcomp-held-", dir=where))
+                self._held_copy = copy
+                shutil.copyfile(self.path, copy / self.path.name)
+                shutil.copyfile(wal, copy / wal.name)
+                return pair(f"file:{copy / self.path.name}"), f"a copy in {copy}, WAL and all"
+            self._drop_held_copy()
+        log.warning(
+            "store %s: its WAL (%d bytes) cannot be read in place nor copied; reading the "
+            "file alone: the WAL's readings are delivered once the card takes writes",
+            self.path,
+            wal.stat().st_size,
+        )
+        return pair(f"file:{self.path}?immutable=1"), "immutable=1, without its WAL"
+
+    def _drop_held_copy(self) -> None:
+        if self._held_copy is not None:
+            shutil.rmtree(self._held_copy, ignore_errors=True)
+            self._held_copy = None
+
+    def _reopen(self) -> None:
+        """Held: try to open the store for writing again (at most every REOPEN_EVERY_S,
+        since on a dead card each try costs an open). Raises StoreUnwritable while the
+        card still refuses."""
+        refused = self._held_error or OSError(errno.EROFS, "opened read-only")
+        now = time.monotonic()
+        if now < self._reopen_at:
+            raise self.unwritable(refused)
+        self._reopen_at = now + REOPEN_EVERY_S
+        held = (self._db, self._rdb)
+        try:
+            self._open_writable()
+        except StoreUnwritable as exc:
+            self._db, self._rdb = held
+            self._held_error = exc.__cause__ or exc
+            raise self.unwritable(self._held_error) from exc
+        except BaseException:
+            self._db, self._rdb = held
+            raise
+        with self._rlock:
+            for c in held:
+                c.close()
+        self._drop_held_copy()
+        self.held = False
+        log.warning("store %s opened for writing again: the card takes writes", self.path)
 
     # ------------------------------------------------------------ opening
 
@@ -460,6 +609,8 @@ class Store:
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database and truncate it: gives its space back to the disk."""
+        if self.held:
+            return  # opened read-only: the WAL is the card's until it takes writes
         with self._lock, contextlib.suppress(sqlite3.OperationalError):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self.io.checkpoints += 1
@@ -495,6 +646,8 @@ class Store:
         ``StoreUnwritable`` (recorded in ``write_state``), a full disk ``StoreFull``.
         A write that changed rows proves the store writable again."""
         with self._lock:
+            if self.held:
+                self._reopen()
             before = self._db.total_changes
             try:
                 yield
@@ -515,6 +668,7 @@ class Store:
         with self._lock, self._rlock:
             self._rdb.close()
             self._db.close()
+        self._drop_held_copy()
 
     def __enter__(self) -> Store:
         return self
@@ -809,8 +963,12 @@ class Store:
         return fixed
 
     def probe(self) -> None:
-        """Take and release the write lock: raises if the store cannot commit now."""
+        """Take and release the write lock: raises if the store cannot commit now (held,
+        there is no write lock to take: a read says whether the store answers)."""
         with self._lock:
+            if self.held:
+                self._db.execute("SELECT 1 FROM meta LIMIT 1").fetchone()
+                return
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("ROLLBACK")
 

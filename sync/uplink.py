@@ -275,11 +275,16 @@ class Uplink:
     async def _run(self, stop: asyncio.Event, exit_when_drained: bool) -> None:
         backoff = Backoff()
         key = self.session_key
-        adopted = await self.commit(lambda db: self.store.adopt_orphans_in(db, key))
-        if adopted:
-            log.warning("%d in-flight messages belonged to another session; re-queued", adopted)
+        adopted: int | None = None
         while not stop.is_set():
             try:
+                if adopted is None:  # once, before the first connection (a held store waits)
+                    adopted = await self.commit(lambda db: self.store.adopt_orphans_in(db, key))
+                    if adopted:
+                        log.warning(
+                            "%d in-flight messages belonged to another session; re-queued",
+                            adopted,
+                        )
                 drained = await self._connection(stop, exit_when_drained, backoff)
                 if drained or stop.is_set():
                     return

@@ -10,6 +10,8 @@ witnessed, and the only duplicates at the cloud are readings the degraded sessio
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,6 +29,7 @@ from devkit.powercut import PowerCutMount, fuse_missing
 from pubcomp.gateway import commitlog
 from pubcomp.gateway.commands import EXIT_STORE_UNWRITABLE
 from pubcomp.gateway.status import verdict
+from pubcomp.sync import store as store_module
 from pubcomp.sync.session import OutState
 from pubcomp.sync.store import (
     IO_ERRORS,
@@ -159,24 +162,98 @@ def test_a_dying_card_refuses_new_readings_and_delivers_what_it_holds(
     assert dups, "degraded delivery's readings are sent again by the resumed QoS 2 session"
 
 
-@pytest.mark.parametrize("fault", ["readonly", "eio"])
-def test_a_gateway_started_on_a_dying_card_moves_nothing_aside_and_says_why(
-    tmp_path: Path, disk: PowerCutMount, fault: str
+LEAVE_WAL = """
+import os, sys
+from pubcomp.sync.store import Reading, Store
+s = Store(sys.argv[1], gateway_id=sys.argv[2])
+s.append([Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(25)])
+print(s.epoch, flush=True)
+os._exit(0)  # a crash: the WAL and its shared-memory file stay beside the store
+"""
+
+
+@pytest.mark.parametrize(
+    ("fault", "left", "headline"),
+    [("readonly", "closed", "STORE READ-ONLY"), ("eio", "crashed", "STORE WRITES FAIL")],
+)
+def test_a_gateway_started_on_a_dying_card_delivers_what_the_store_holds_and_moves_nothing(
+    tmp_path: Path, disk: PowerCutMount, mosquitto: Mosquitto, fault: str, left: str, headline: str
 ) -> None:
-    """Opening the store on a card that refuses writes is not finding it corrupt: the
-    store stays where it is, whole, and the gateway exits with one line and EX_TEMPFAIL
-    (systemd starts it again: each start probes the card). It used to take the open's
-    I/O error for corruption and move the store aside (refused here only because the
-    faulted file system refuses the rename too)."""
+    """Started on a card that already refuses writes, the gateway opens its store
+    read-only and delivers what it holds on the degraded session, acknowledges nothing
+    new, says so in its status, and moves nothing aside (it once took the open's error
+    for corruption, then exited). When the card heals, it opens the store for writing,
+    resumes its QoS 2 session and takes readings again.
+
+    ``closed``: a store closed cleanly (no WAL: read with ``immutable=1``); ``crashed``: a
+    process that died with the WAL beside the store (read with ``mode=ro``)."""
     db = disk.path / "state" / "gateway.db"
-    with Store(db, gateway_id="gw-e2e") as s:
-        s.append([Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(25)])
-        epoch = s.epoch
+    gw = GatewayProc(tmp_path, mosquitto.port, nodes={"n1": "pw-1"})
+    if left == "closed":
+        with Store(db, gateway_id=gw.gid) as s:
+            s.append([Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(25)])
+            epoch = s.epoch
+    else:
+        out = subprocess.run(
+            [sys.executable, "-c", LEAVE_WAL, str(db), gw.gid],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        epoch = out.stdout.strip()
+        assert Path(f"{db}-wal").stat().st_size > 0
+    held = {f"{gw.gid}/{epoch}/{seq}" for seq in range(1, 26)}
     before = sorted(p.name for p in db.parent.iterdir())
-    gw = GatewayProc(tmp_path, free_port())
+    checker = Checker(mosquitto.port, topic="telemetry/#", client_id=f"held-{fault}").start()
     gw.db = db
     gw.write()
     getattr(disk, fault)()
+    gw.start(wait=False)
+    node: PahoNode | None = None
+    try:
+        assert wait_until(lambda: held <= checker.counts.keys(), 60), gw.log.read_text()[-3000:]
+        st = gw.status()
+        level, head, code = verdict(st)
+        assert level == "unhealthy" and code == 1 and head.startswith(headline), head
+        assert st["uplink"]["degraded"]["delivered_while_unwritable"] >= 25, st["uplink"]
+        assert "opened the store read-only" in gw.log.read_text()
+        # A node's messages are refused (no PUBACK: the node keeps them) while held.
+        node = PahoNode("n1", "pw-1", gw.ingress_port).start()
+        assert wait_until(
+            lambda: gw.status()["nodes"]["n1"]["rejected"].get("store_unwritable", 0) >= 1, 30
+        ), gw.status()["nodes"]
+        assert node.acked == []
+        assert sorted(p.name for p in db.parent.iterdir()) == before  # nothing moved aside
+
+        disk.heal()
+        assert wait_until(lambda: gw.status()["store"]["writable"], 30), gw.status()["store"]
+        assert wait_until(lambda: len(node.acked) >= 5, 30), "acks did not resume"
+        acked_ids = node.reading_ids()  # (the node goes on publishing: no drained backlog)
+        assert wait_until(lambda: acked_ids <= checker.counts.keys(), 60), gw.status()["uplink"]
+    finally:
+        if node is not None:
+            node.stop()
+        checker.stop()
+    assert gw.terminate() == 0
+    assert not any(".corrupt-" in p.name for p in db.parent.iterdir())
+    with Store(db) as s:
+        assert s.epoch == epoch  # the same store, written again: not a new one
+    # The held readings: delivered while held, and again by the resumed QoS 2 session
+    # (the cloud dedups by id); nothing else twice.
+    dups = {rid for rid, n in checker.counts.items() if n > 1}
+    assert dups <= held, sorted(dups - held)[:5]
+
+
+def test_a_store_on_a_card_that_cannot_even_be_read_at_start_is_not_held(
+    tmp_path: Path, disk: PowerCutMount
+) -> None:
+    """No store file on a read-only card (a fresh install, a wiped card): nothing to
+    deliver, so ``gateway run`` says why in one line and exits EX_TEMPFAIL for systemd to
+    try again, as before; nothing is created or moved."""
+    (disk.path / "state").mkdir()
+    db = disk.path / "state" / "gateway.db"
+    gw = GatewayProc(tmp_path, free_port())
+    gw.db = db
+    gw.write()
+    disk.readonly()
     gw.start(wait=False)
     assert gw.proc is not None
     rc = gw.proc.wait(60)
@@ -185,9 +262,42 @@ def test_a_gateway_started_on_a_dying_card_moves_nothing_aside_and_says_why(
     assert "cannot open the store" in log and "nothing was moved" in log, log
     assert "Traceback" not in log, log
     disk.heal()
-    assert sorted(p.name for p in db.parent.iterdir()) == before  # no .corrupt-* beside it
-    with Store(db) as s:
-        assert (s.epoch, s.stats()["backlog"]) == (epoch, 25)
+    assert list(db.parent.iterdir()) == []
+
+
+def test_a_held_store_reads_refuses_writes_and_opens_for_writing_once_the_card_heals(
+    disk: PowerCutMount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store under the gateway above: a crashed writer's WAL on a card failing with
+    EIO is read from a copy in memory; every write is refused (counted); after the heal
+    the next write opens the file for writing, the copy is dropped, the epoch is kept."""
+    monkeypatch.setattr(store_module, "REOPEN_EVERY_S", 0.0)  # try at every write
+    db = disk.path / "s.db"
+    subprocess.run([sys.executable, "-c", LEAVE_WAL, str(db), "gw"], check=True, timeout=60)
+    disk.eio()
+    with pytest.raises(StoreUnwritable):
+        Store(db)  # not asked to hold: the error, as before
+    s = Store(db, hold_if_unwritable=True)
+    try:
+        assert s.held and not s.write_state.writable and s.write_state.kind == IO_ERRORS
+        copy = s._held_copy
+        assert copy is not None and copy.is_dir()
+        rows = s.waiting_rows(0, 100)
+        assert sum(n for _, n, _ in rows) == 25 and s.stats()["backlog"] == 25
+        errors = s.write_state.errors
+        with pytest.raises(StoreUnwritable):
+            s.append([Reading("t", 99.0, "2026-11-21T00:00:00.000Z", "C")])
+        assert s.write_state.errors == errors + 1 and s.held
+        disk.heal()
+        first, last = s.append([Reading("t", 99.0, "2026-11-21T00:00:00.000Z", "C")])
+        assert (first, last) == (26, 26)  # ids go on from the held store's: no seq reused
+        assert not s.held and s.write_state.writable and not copy.exists()
+        assert s.stats()["backlog"] == 26
+        epoch = s.epoch
+    finally:
+        s.close()
+    with Store(db) as again:
+        assert again.epoch == epoch and again.stats()["backlog"] == 26
 
 
 @pytest.mark.parametrize(("fault", "kind"), [("readonly", READ_ONLY), ("eio", IO_ERRORS)])
