@@ -48,7 +48,8 @@ from pubcomp.sync.packets import (
     Unsuback,
     Unsubscribe,
 )
-from pubcomp.sync.session import Forget, Reack, ReceiverSession
+from pubcomp.sync.session import Deliver, Forget, Reack, ReceiverSession
+from pubcomp.sync.session import Reply as SessionReply
 from pubcomp.sync.store import Reading, StoreFull, StoreUnwritable
 
 from .config import IngressSection
@@ -416,9 +417,6 @@ class Ingress:
                 st.rejected["rate_limited"] += 1
                 await asyncio.sleep(wait)
             return await self._publish(node, pkt, session, version)
-        if isinstance(pkt, Pubrel):
-            out = session.on_pubrel(pkt)
-            return [out.ack if isinstance(out, Forget) else out.packet]
         if isinstance(pkt, Pingreq):
             return [Pingresp()]
         if isinstance(pkt, Subscribe):
@@ -434,17 +432,25 @@ class Ingress:
             return [Unsuback(pkt.packet_id, codes)]
         if isinstance(pkt, Disconnect):
             return None
-        if isinstance(pkt, Puback | Pubrec | Pubcomp):
-            return []  # we publish nothing to nodes
+        if isinstance(pkt, Pubrel | Puback | Pubrec | Pubcomp):
+            # The session's; we publish nothing to nodes, so only a PUBREL is answered.
+            match session.receive(pkt):
+                case Forget(ack=ack):
+                    return [ack]
+                case SessionReply(packet=packet):
+                    return [packet]
+            return []
         raise ProtocolError(f"unexpected {type(pkt).__name__} from a client", Reason.PROTOCOL_ERROR)
 
     async def _publish(
         self, node: str, pkt: Publish, session: ReceiverSession, version: int
     ) -> list[Packet]:
         st = self.stats[node]
-        outcome = session.on_publish(pkt)
+        outcome = session.receive(pkt)
         if isinstance(outcome, Reack):
             return [outcome.ack]  # a repeat of a QoS 2 message we already own (MQTT-4.3.3-2)
+        if not isinstance(outcome, Deliver):  # (a PUBLISH is always one or the other)
+            raise ProtocolError(f"PUBLISH {pkt.packet_id}: {outcome}", Reason.PROTOCOL_ERROR)
         ack = outcome.ack
         reason, readings, key = self._check(node, pkt)
         if reason is not None:

@@ -56,13 +56,12 @@ from pubcomp.sync.packets import (
     Packet,
     Pingresp,
     Publish,
-    Pubrel,
     Suback,
     Subscribe,
     Subscription,
 )
 from pubcomp.sync.running import reconnecting, run_until_stopped
-from pubcomp.sync.session import Forget, Reack, ReceiverSession, message_digest
+from pubcomp.sync.session import Deliver, Forget, Reack, ReceiverSession, Reply, message_digest
 from pubcomp.sync.store import StoreError, held_receive_ids
 
 from .landing import RECEIVE_KEY, LandingWriter, rejection_line
@@ -299,16 +298,27 @@ class Ingest:
         received = wire.wire_time()
         group = self._group
         for pkt in pkts:
-            if isinstance(pkt, Publish):
-                out = session.on_publish(pkt)
-                if isinstance(out, Reack):
-                    self.stats.repeats += 1
-                    self._hold(link, out.ack)
-                    continue
-                digest = message_digest(pkt) if pkt.qos == 2 else None
-                record = {"session": key, "packet_id": pkt.packet_id, "qos": pkt.qos}
+            if isinstance(pkt, Suback):
+                if any(code >= 0x80 for code in pkt.reason_codes):
+                    raise ConnectionClosed(f"broker refused the subscription: {pkt.reason_codes}")
+                if any(code < 2 for code in pkt.reason_codes):
+                    log.warning(
+                        "broker granted QoS %s, not 2: duplicates possible", pkt.reason_codes
+                    )
+                log.info("subscribed to %s", self.topic)
+                continue
+            if isinstance(pkt, Pingresp):
+                continue
+            out = session.receive(pkt)
+            if isinstance(out, Reack):
+                self.stats.repeats += 1
+                self._hold(link, out.ack)
+            elif isinstance(out, Deliver):
+                msg = out.publish
+                digest = message_digest(pkt) if msg.qos == 2 else None
+                record = {"session": key, "packet_id": msg.packet_id, "qos": msg.qos}
                 record["digest"] = digest
-                data, n, why = self._lines(pkt, received, record)
+                data, n, why = self._lines(msg, received, record)
                 if why is None:
                     group.lines.append(data)
                     self.stats.messages += 1
@@ -318,37 +328,27 @@ class Ingest:
                     self.stats.rejected[reason] += 1
                     group.rejected.append(
                         rejection_line(
-                            pkt.topic,
-                            pkt.payload,
+                            msg.topic,
+                            msg.payload,
                             f"{reason}: {detail}",
                             received,
                             **{RECEIVE_KEY: record},
                         )
                     )
-                group.packet_ids.append(pkt.packet_id)
+                group.packet_ids.append(msg.packet_id)
                 group.sessions.add(key)
                 if out.ack is not None:
                     self._hold(link, out.ack)
-            elif isinstance(pkt, Pubrel):
+            elif isinstance(out, Forget):
                 # A PUBCOMP depends on no commit (nothing about a release is written),
                 # and MQTT-4.6.0-2/-3 order PUBACKs and PUBRECs, not PUBCOMPs: it goes
                 # out now rather than after the group being written.
-                rel = session.on_pubrel(pkt)
-                if isinstance(rel, Forget):
-                    crash_point("ingest_pubrel_received", f"PUBREL {pkt.packet_id}")
-                    now.append(rel.ack)
-                else:
-                    now.append(rel.packet)
-            elif isinstance(pkt, Suback):
-                if any(code >= 0x80 for code in pkt.reason_codes):
-                    raise ConnectionClosed(f"broker refused the subscription: {pkt.reason_codes}")
-                if any(code < 2 for code in pkt.reason_codes):
-                    log.warning(
-                        "broker granted QoS %s, not 2: duplicates possible", pkt.reason_codes
-                    )
-                log.info("subscribed to %s", self.topic)
-            elif not isinstance(pkt, Pingresp):
-                log.debug("ingest: ignoring %s", type(pkt).__name__)
+                crash_point("ingest_pubrel_received", f"PUBREL {out.packet_id}")
+                now.append(out.ack)
+            elif isinstance(out, Reply):
+                now.append(out.packet)
+            else:
+                log.debug("ingest: %s", out.why)
         return now
 
     def _hold(self, link: _Link, pkt: Packet) -> None:

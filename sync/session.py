@@ -9,10 +9,12 @@ The *receiver* (ingest, node ingress) keeps the set of QoS 2 packet ids it has
 taken ownership of and not yet seen released.
 
 These classes hold that state in memory and say what each incoming packet
-means; they never touch a socket, a clock or a disk. Every method returns an
-*outcome* object. The caller (``uplink.py``, the receivers) must make the
-outcome durable **before** it writes any packet the outcome carries: that is
-the whole contract, and it is why the outcomes are data rather than callbacks.
+means; they never touch a socket, a clock or a disk. Each has one entry point
+for what the peer sends, ``receive(packet)`` (as h11's ``next_event``), and it,
+like every other method, returns an *outcome* object. The caller (``uplink.py``,
+the receivers) must make the outcome durable **before** it writes any packet the
+outcome carries: that is the whole contract, and it is why the outcomes are data
+rather than callbacks.
 
 Sender transitions (MQTT-4.3.3-1, 5.0 4.3.3-1..6)::
 
@@ -62,6 +64,7 @@ from dataclasses import dataclass
 from .errors import TransportError
 from .packets import (
     MQTT_5,
+    Packet,
     Puback,
     Pubcomp,
     Publish,
@@ -129,11 +132,13 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Ignored:
-    """Nothing to do: ``packet`` names what was ignored (the caller counts by it),
-    ``why`` says what exactly (logged)."""
+    """Nothing to commit: ``packet`` names what was ignored (the caller counts by it),
+    ``why`` says what exactly (logged); ``answer``, if any, is what the protocol still
+    asks to be sent (a PUBLISH nobody subscribed to is acknowledged: MQTT-4.5.0-2)."""
 
     packet: str
     why: str
+    answer: Puback | Pubrec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,9 +278,31 @@ class SenderSession:
         """Undo ``allocate`` when persisting failed (nothing was sent)."""
         self.inflight.pop(packet_id, None)
 
-    # -- acknowledgements
+    # -- what the broker sends
 
-    def on_puback(self, pkt: Puback) -> Completed | Refused | Ignored:
+    def receive(self, pkt: Packet) -> Completed | Released | Refused | Reply | Ignored:
+        """What a packet from the broker means for this session: the one entry point (as
+        h11's ``next_event``). The caller commits the outcome, then writes any packet
+        it carries; connection packets (CONNACK, PINGRESP) are not the session's."""
+        match pkt:
+            case Puback():
+                return self._on_puback(pkt)
+            case Pubrec():
+                return self._on_pubrec(pkt)
+            case Pubcomp():
+                return self._on_pubcomp(pkt)
+            case Publish(packet_id=int(pid), qos=1 | 2):
+                # We subscribe to nothing; still answer as its QoS requires (MQTT-4.5.0-2).
+                ack = Puback(pid) if pkt.qos == 1 else Pubrec(pid)
+                return Ignored("unexpected PUBLISH", f"PUBLISH {pid} on {pkt.topic}", ack)
+            case Pubrel():
+                # We hold no inbound QoS 2 state: complete it, saying so in 5.0 (0x92).
+                code = Reason.PACKET_IDENTIFIER_NOT_FOUND if self.version == MQTT_5 else 0
+                return Reply(Pubcomp(pkt.packet_id, code))
+        name = type(pkt).__name__
+        return Ignored(f"unexpected {name}", f"{name} is not part of a publishing session")
+
+    def _on_puback(self, pkt: Puback) -> Completed | Refused | Ignored:
         o = self.inflight.get(pkt.packet_id)
         if o is None or o.qos != 1:
             return Ignored("PUBACK", f"PUBACK for packet id {pkt.packet_id} not awaiting one")
@@ -284,7 +311,7 @@ class SenderSession:
             return Refused(pkt.packet_id, pkt.reason_code)
         return Completed(pkt.packet_id)
 
-    def on_pubrec(self, pkt: Pubrec) -> Released | Refused | Reply | Ignored:
+    def _on_pubrec(self, pkt: Pubrec) -> Released | Refused | Reply | Ignored:
         pid = pkt.packet_id
         o = self.inflight.get(pid)
         if pkt.reason_code >= 0x80 and (o is None or o.state is OutState.PUBREL_SENT):
@@ -306,7 +333,7 @@ class SenderSession:
         o.state = OutState.PUBREL_SENT
         return Released(pid, Pubrel(pid))
 
-    def on_pubcomp(self, pkt: Pubcomp) -> Completed | Ignored:
+    def _on_pubcomp(self, pkt: Pubcomp) -> Completed | Ignored:
         o = self.inflight.get(pkt.packet_id)
         if o is None:
             return Ignored("PUBCOMP", f"PUBCOMP for free packet id {pkt.packet_id}")
@@ -353,7 +380,19 @@ class ReceiverSession:
             self.pending.clear()  # a new session: old ids mean nothing (MQTT-3.1.2-6)
             self.landed.clear()
 
-    def on_publish(self, pkt: Publish) -> Deliver | Reack:
+    def receive(self, pkt: Packet) -> Deliver | Reack | Forget | Reply | Ignored:
+        """What a packet from the peer means for this session: the one entry point (as
+        h11's ``next_event``). The caller commits the outcome, then writes its ack;
+        connection packets (PINGREQ, SUBSCRIBE, SUBACK, DISCONNECT) are not the session's."""
+        match pkt:
+            case Publish():
+                return self._on_publish(pkt)
+            case Pubrel():
+                return self._on_pubrel(pkt)
+        name = type(pkt).__name__
+        return Ignored(f"unexpected {name}", f"{name} is not part of a receiving session")
+
+    def _on_publish(self, pkt: Publish) -> Deliver | Reack:
         """MQTT-3.3.4-1 / 4.5.0-2: every PUBLISH is answered as its QoS requires."""
         if pkt.qos == 0:
             return Deliver(pkt, None)
@@ -377,7 +416,7 @@ class ReceiverSession:
         code = reason if self.version == MQTT_5 else 0
         return Puback(pkt.packet_id, code) if pkt.qos == 1 else Pubrec(pkt.packet_id, code)
 
-    def on_pubrel(self, pkt: Pubrel) -> Forget | Reply:
+    def _on_pubrel(self, pkt: Pubrel) -> Forget | Reply:
         if pkt.packet_id in self.pending or pkt.packet_id in self.landed:
             self.pending.discard(pkt.packet_id)
             self.landed.pop(pkt.packet_id, None)

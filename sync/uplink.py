@@ -46,12 +46,10 @@ from .packets import (
     MQTT_5,
     MQTT_311,
     Disconnect,
-    Puback,
     Pubcomp,
     Publish,
     Pubrec,
     Pubrel,
-    Reason,
 )
 from .session import (
     PERMANENT_REFUSALS,
@@ -107,6 +105,8 @@ class UplinkConfig:
 
 
 REFUSAL_BACKOFF = 0.5
+# The crash points (sync/faults.py) hit as a packet is read, before the session sees it.
+RECEIVED_CRASH_POINTS: dict[type, str] = {Pubrec: "pubrec_received", Pubcomp: "pubcomp_received"}
 REFUSAL_BACKOFF_MAX = 30.0
 RATE_HORIZON = 30.0  # seconds of deliveries the drain rate averages over
 
@@ -698,27 +698,10 @@ class _Link:
         replies: list[Any] = []
         status = self.up.status
         for pkt in pkts:
-            if isinstance(pkt, Pubrec):
-                crash_point("pubrec_received")
-                out: Any = self.session.on_pubrec(pkt)
-            elif isinstance(pkt, Pubcomp):
-                crash_point("pubcomp_received")
-                out = self.session.on_pubcomp(pkt)
-            elif isinstance(pkt, Puback):
-                out = self.session.on_puback(pkt)
-            elif isinstance(pkt, Publish) and pkt.qos:
-                # We subscribe to nothing; still answer as its QoS requires (MQTT-4.5.0-2).
-                status.ignored["unexpected PUBLISH"] += 1
-                replies.append(Puback(pkt.packet_id) if pkt.qos == 1 else Pubrec(pkt.packet_id))  # type: ignore[arg-type]
-                continue
-            elif isinstance(pkt, Pubrel):
-                # We hold no inbound QoS 2 state: say so in 5.0 (0x92), and complete it.
-                code = Reason.PACKET_IDENTIFIER_NOT_FOUND if self.conn.version == MQTT_5 else 0
-                replies.append(Pubcomp(pkt.packet_id, code))
-                continue
-            else:
-                status.ignored[f"unexpected {type(pkt).__name__}"] += 1
-                continue
+            point = RECEIVED_CRASH_POINTS.get(type(pkt))
+            if point is not None:
+                crash_point(point)
+            out = self.session.receive(pkt)
             if isinstance(out, Released):
                 released.append(out.packet_id)
                 replies.append(out.reply)
@@ -753,6 +736,8 @@ class _Link:
             elif isinstance(out, Ignored):
                 status.ignored[out.packet] += 1
                 log.debug("ignored: %s", out.why)
+                if out.answer is not None:
+                    replies.append(out.answer)
         if completed:
             # Lazily: it rides the next commit (or waits ``completion_delay``), because a
             # PUBREL resent after a crash only draws another PUBCOMP (design rule 3). The

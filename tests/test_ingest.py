@@ -328,5 +328,5 @@ def test_ids_a_previous_version_committed_are_held_until_pubrel(tmp_path: Path) 
     )
     _, session = ing._session(0, 5)
     assert session.pending == {17}
-    assert session.on_publish(Publish("t", b"x", 2, dup=True, packet_id=17)).ack == Pubrec(17)
+    assert session.receive(Publish("t", b"x", 2, dup=True, packet_id=17)).ack == Pubrec(17)
     assert (state / "ingest-ingest-1.db").read_bytes() == before

@@ -42,25 +42,25 @@ def test_new_ids_are_nonzero_unused_and_advance_MQTT_2_3_1_1_and_2() -> None:
 def test_qos2_flow_PUBREC_then_PUBCOMP_MQTT_4_3_3_1() -> None:
     s = connected()
     pid = s.allocate(2).packet_id
-    out = s.on_pubrec(Pubrec(pid))
+    out = s.receive(Pubrec(pid))
     assert out == Released(pid, Pubrel(pid))  # PUBREL echoes the id: MQTT-2.3.1-6
     assert s.inflight[pid].state is OutState.PUBREL_SENT
-    assert s.on_pubcomp(Pubcomp(pid)) == Completed(pid)
+    assert s.receive(Pubcomp(pid)) == Completed(pid)
     assert pid not in s.inflight  # MQTT-2.3.1-3: PUBCOMP frees the id
 
 
 def test_repeated_PUBREC_gets_PUBREL_again_never_the_PUBLISH_MQTT_4_3_3_1() -> None:
     s = connected()
     pid = s.allocate(2).packet_id
-    s.on_pubrec(Pubrec(pid))
-    assert s.on_pubrec(Pubrec(pid)) == Reply(Pubrel(pid))
+    s.receive(Pubrec(pid))
+    assert s.receive(Pubrec(pid)) == Reply(Pubrel(pid))
     assert s.inflight[pid].state is OutState.PUBREL_SENT
 
 
 def test_PUBREC_with_error_ends_the_flow_without_PUBREL_5_0_4_3_3_4_and_4_4_0_2() -> None:
     s = connected()
     pid = s.allocate(2).packet_id
-    assert s.on_pubrec(Pubrec(pid, 0x97)) == Refused(pid, 0x97)
+    assert s.receive(Pubrec(pid, 0x97)) == Refused(pid, 0x97)
     assert pid not in s.inflight  # 4.4.0-2: acknowledged, never retransmitted
     r = s.on_connack(True, clean_start=False)
     assert r.resend == []
@@ -72,23 +72,23 @@ def test_PUBREC_with_error_for_an_id_not_awaiting_one_draws_no_PUBREL_MQTT_4_3_3
     released) with a failure code gets nothing, and the state is left alone."""
     s = connected()
     pid = s.allocate(2).packet_id
-    s.on_pubrec(Pubrec(pid))  # PUBREL_SENT
+    s.receive(Pubrec(pid))  # PUBREL_SENT
     for code in (0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99):
-        unknown = s.on_pubrec(Pubrec(4242, code))
+        unknown = s.receive(Pubrec(4242, code))
         assert isinstance(unknown, Ignored), (hex(code), unknown)
-        released = s.on_pubrec(Pubrec(pid, code))
+        released = s.receive(Pubrec(pid, code))
         assert isinstance(released, Ignored), (hex(code), released)
-        assert isinstance(connected(MQTT_311).on_pubrec(Pubrec(4242, code)), Ignored)
+        assert isinstance(connected(MQTT_311).receive(Pubrec(4242, code)), Ignored)
     assert s.inflight[pid].state is OutState.PUBREL_SENT and list(s.inflight) == [pid]
     # Below 0x80 the unknown id is still answered (5.0: PUBREL 0x92, MQTT-3.6.2-1).
-    assert s.on_pubrec(Pubrec(4242, 0x10)) == Reply(Pubrel(4242, 0x92))
+    assert s.receive(Pubrec(4242, 0x10)) == Reply(Pubrel(4242, 0x92))
 
 
 def test_qos1_flow_and_PUBACK_error_MQTT_4_3_2_1() -> None:
     s = connected()
     a, b = s.allocate(1).packet_id, s.allocate(1).packet_id
-    assert s.on_puback(Puback(a)) == Completed(a)
-    assert s.on_puback(Puback(b, 0x87)) == Refused(b, 0x87)
+    assert s.receive(Puback(a)) == Completed(a)
+    assert s.receive(Puback(b, 0x87)) == Refused(b, 0x87)
     assert not s.inflight
 
 
@@ -133,8 +133,8 @@ def test_receive_maximum_bounds_inflight_5_0_3_3_4_7_and_4_9_0_1_2() -> None:
     with pytest.raises(SessionError, match="quota"):
         s.allocate(2)
     # 4.9.0-3 (keep handling other packets at zero quota): acks still flow and free the quota.
-    s.on_pubrec(Pubrec(1))
-    s.on_pubcomp(Pubcomp(1))
+    s.receive(Pubrec(1))
+    s.receive(Pubcomp(1))
     assert s.send_quota() == 1
     # 4.9.0-1: a quota of zero from the broker is never used as zero.
     z = SenderSession(MQTT_5)
@@ -151,47 +151,47 @@ def test_maximum_qos_is_honoured_5_0_3_2_2_11() -> None:
 def test_unexpected_acks_do_not_corrupt_state() -> None:
     s = connected()
     pid = s.allocate(2).packet_id
-    assert isinstance(s.on_pubcomp(Pubcomp(pid)), Ignored)  # PUBCOMP before PUBREC
+    assert isinstance(s.receive(Pubcomp(pid)), Ignored)  # PUBCOMP before PUBREC
     assert s.inflight[pid].state is OutState.PUBLISH_SENT
-    assert isinstance(s.on_pubcomp(Pubcomp(999)), Ignored)  # PUBCOMP for a free id
-    assert isinstance(s.on_puback(Puback(pid)), Ignored)  # PUBACK for a QoS 2 message
-    assert s.on_pubrec(Pubrec(777)) == Reply(Pubrel(777, 0x92))  # 5.0: id not found
-    assert isinstance(connected(MQTT_311).on_pubrec(Pubrec(777)), Ignored)
+    assert isinstance(s.receive(Pubcomp(999)), Ignored)  # PUBCOMP for a free id
+    assert isinstance(s.receive(Puback(pid)), Ignored)  # PUBACK for a QoS 2 message
+    assert s.receive(Pubrec(777)) == Reply(Pubrel(777, 0x92))  # 5.0: id not found
+    assert isinstance(connected(MQTT_311).receive(Pubrec(777)), Ignored)
     assert list(s.inflight) == [pid]
 
 
 def test_receiver_qos2_never_delivers_twice_MQTT_4_3_3_2_and_5_0_4_3_3_10() -> None:
     r = ReceiverSession(MQTT_5)
     p = Publish("t", b"x", 2, packet_id=5)
-    first = r.on_publish(p)
+    first = r.receive(p)
     assert isinstance(first, Deliver) and first.ack == Pubrec(5)
-    again = r.on_publish(Publish("t", b"x", 2, dup=True, packet_id=5))
+    again = r.receive(Publish("t", b"x", 2, dup=True, packet_id=5))
     assert again == Reack(Pubrec(5))
-    assert r.on_pubrel(Pubrel(5)) == Forget(5, Pubcomp(5))  # 5.0 4.3.3-11
+    assert r.receive(Pubrel(5)) == Forget(5, Pubcomp(5))  # 5.0 4.3.3-11
     # 5.0 4.3.3-12 / MQTT-4.3.3-2: after PUBCOMP the id means a new message.
-    assert isinstance(r.on_publish(Publish("t", b"y", 2, packet_id=5)), Deliver)
+    assert isinstance(r.receive(Publish("t", b"y", 2, packet_id=5)), Deliver)
 
 
 def test_receiver_answers_every_publish_MQTT_4_5_0_2_and_3_3_4_1() -> None:
     r = ReceiverSession(MQTT_311)
-    assert r.on_publish(Publish("t", b"", 0)) == Deliver(Publish("t", b"", 0), None)
-    d = r.on_publish(Publish("t", b"", 1, packet_id=3))
+    assert r.receive(Publish("t", b"", 0)) == Deliver(Publish("t", b"", 0), None)
+    d = r.receive(Publish("t", b"", 1, packet_id=3))
     assert isinstance(d, Deliver) and d.ack == Puback(3)
     # MQTT-4.3.2-2: after PUBACK the same id is a new message: delivered again.
-    assert isinstance(r.on_publish(Publish("t", b"", 1, packet_id=3)), Deliver)
+    assert isinstance(r.receive(Publish("t", b"", 1, packet_id=3)), Deliver)
 
 
 def test_receiver_unknown_pubrel_still_gets_pubcomp() -> None:
-    assert ReceiverSession(MQTT_5).on_pubrel(Pubrel(8)) == Reply(Pubcomp(8, 0x92))
-    assert ReceiverSession(MQTT_311).on_pubrel(Pubrel(8)) == Reply(Pubcomp(8))
+    assert ReceiverSession(MQTT_5).receive(Pubrel(8)) == Reply(Pubcomp(8, 0x92))
+    assert ReceiverSession(MQTT_311).receive(Pubrel(8)) == Reply(Pubcomp(8))
 
 
 def test_receiver_refusal_frees_the_id_5_0_4_3_3_9() -> None:
     r = ReceiverSession(MQTT_5)
     p = Publish("t", b"bad", 2, packet_id=11)
-    r.on_publish(p)
+    r.receive(p)
     assert r.refuse(p, 0x99) == Pubrec(11, 0x99)
-    assert isinstance(r.on_publish(p), Deliver)
+    assert isinstance(r.receive(p), Deliver)
 
 
 def test_receiver_session_lost_forgets_pending_ids() -> None:
@@ -210,16 +210,46 @@ def test_receiver_recognises_a_resend_of_a_message_landed_before_a_restart_MQTT_
         MQTT_5, landed={7: {"other", message_digest(old)}, 8: {message_digest(old)}}
     )
     again = Publish(old.topic, old.payload, 2, dup=True, packet_id=7)
-    assert r.on_publish(again) == Reack(Pubrec(7))
-    assert r.on_publish(again) == Reack(Pubrec(7))  # still pending until PUBREL
-    assert r.on_pubrel(Pubrel(7)) == Forget(7, Pubcomp(7))
+    assert r.receive(again) == Reack(Pubrec(7))
+    assert r.receive(again) == Reack(Pubrec(7))  # still pending until PUBREL
+    assert r.receive(Pubrel(7)) == Forget(7, Pubcomp(7))
     new = Publish(old.topic, b'{"readings":2}', 2, packet_id=8)  # id 8 was released
-    assert isinstance(r.on_publish(new), Deliver)
-    assert r.on_publish(new) == Reack(Pubrec(8))
+    assert isinstance(r.receive(new), Deliver)
+    assert r.receive(new) == Reack(Pubrec(8))
     other_topic = Publish("t/gw2/readings", old.payload, 2, packet_id=9)
     r.landed[9] = {message_digest(old)}
-    assert isinstance(r.on_publish(other_topic), Deliver)
-    assert ReceiverSession(MQTT_5, landed={3: {"x"}}).on_pubrel(Pubrel(3)) == Forget(3, Pubcomp(3))
+    assert isinstance(r.receive(other_topic), Deliver)
+    assert ReceiverSession(MQTT_5, landed={3: {"x"}}).receive(Pubrel(3)) == Forget(3, Pubcomp(3))
     lost = ReceiverSession(MQTT_5, landed={7: {message_digest(old)}})
     lost.on_connack(False)  # MQTT-3.1.2-6: a new session, the old ids mean nothing
-    assert isinstance(lost.on_publish(again), Deliver)
+    assert isinstance(lost.receive(again), Deliver)
+
+
+@pytest.mark.parametrize("version", [MQTT_311, MQTT_5])
+def test_one_entry_point_for_what_the_broker_sends_a_publishing_session_MQTT_4_5_0_2(
+    version: int,
+) -> None:
+    """``receive`` is the only way in: besides the acknowledgements, a PUBLISH nobody
+    subscribed to is still answered as its QoS requires (MQTT-4.5.0-2) and counted; a
+    PUBREL for an inbound flow this session never holds is completed (0x92 in 5.0);
+    anything else is counted by name, never an exception."""
+    s = connected(version)
+    q1 = s.receive(Publish("x", b"", 1, packet_id=7))
+    q2 = s.receive(Publish("x", b"", 2, packet_id=8))
+    assert isinstance(q1, Ignored) and q1.packet == "unexpected PUBLISH"
+    assert q1.answer == Puback(7) and isinstance(q2, Ignored) and q2.answer == Pubrec(8)
+    code = 0x92 if version == MQTT_5 else 0
+    assert s.receive(Pubrel(8)) == Reply(Pubcomp(8, code))
+    other = s.receive(Publish("x", b"", 0))
+    assert isinstance(other, Ignored) and other.answer is None
+    assert s.inflight == {}  # none of it touched the session's state
+
+
+def test_a_receiving_session_ignores_acknowledgements_by_name() -> None:
+    """A receiver publishes nothing: an acknowledgement sent to it is counted, not taken
+    for one of its flows, and changes nothing it holds."""
+    r = ReceiverSession(MQTT_5, pending=[3])
+    for pkt in (Puback(3), Pubrec(3), Pubcomp(3)):
+        out = r.receive(pkt)
+        assert isinstance(out, Ignored) and out.packet == f"unexpected {type(pkt).__name__}"
+    assert r.pending == {3}
