@@ -253,7 +253,7 @@ class Ingest:
     async def _connection_loop(self, stop: asyncio.Event, index: int) -> None:
         await reconnecting(stop, lambda b: self._connection(stop, b, index), self._failed)
 
-    def _failed(self, why: str) -> None:
+    def _failed(self, why: str, _: BaseException) -> None:
         self.stats.last_error = why
         log.warning("ingest from %s: %s", self.url, why)
 

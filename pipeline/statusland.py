@@ -101,7 +101,7 @@ class StatusLanding:
             self.statuses.close()
             self.rejects.close()
 
-    def _failed(self, why: str) -> None:
+    def _failed(self, why: str, _: BaseException) -> None:
         self.stats.last_error = why
         log.warning("status ingest from %s: %s", self.url, why)
 

@@ -32,20 +32,30 @@ def run_until_stopped(work: Callable[[asyncio.Event], Awaitable[T]]) -> T:
 
 async def reconnecting(
     stop: asyncio.Event,
-    connection: Callable[[Backoff], Awaitable[object]],
-    failed: Callable[[str], None],
+    connection: Callable[[Backoff], Awaitable[bool | None]],
+    failed: Callable[[str, BaseException], Awaitable[None] | None],
 ) -> None:
     """``connection(backoff)`` (one connection's life: it resets the back-off once it is
-    up) again and again until ``stop``: one that ends in a TransportError, OSError or
-    TimeoutError is told to ``failed`` in a sentence and tried again after the
+    up) again and again until ``stop``, or until it returns True (its work is done). One
+    that ends in a TransportError, OSError or TimeoutError is told to ``failed`` (a
+    sentence, and the error; awaited if it is a coroutine) and tried again after the
     back-off's next delay."""
     backoff = Backoff()
     while not stop.is_set():
         try:
-            await connection(backoff)
+            if await connection(backoff) is True:
+                return
         except ConnectRefused as exc:
-            failed(str(exc))  # its text says why, with the broker's reason code
+            await _told(failed, str(exc), exc)  # its text says why, with the reason code
         except (TransportError, OSError, TimeoutError) as exc:
-            failed(f"{type(exc).__name__}: {exc}")
+            await _told(failed, f"{type(exc).__name__}: {exc}", exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), backoff.next_delay())
+
+
+async def _told(
+    failed: Callable[[str, BaseException], Awaitable[None] | None], why: str, exc: BaseException
+) -> None:
+    told = failed(why, exc)
+    if told is not None:
+        await told

@@ -39,7 +39,6 @@ from .client import (
 )
 from .codec import ProtocolError
 from .degraded import DegradedDelivery
-from .errors import TransportError
 from .faults import crash_point
 from .groupcommit import GroupCommit
 from .packets import (
@@ -51,6 +50,7 @@ from .packets import (
     Pubrec,
     Pubrel,
 )
+from .running import reconnecting
 from .session import (
     PERMANENT_REFUSALS,
     Completed,
@@ -273,41 +273,40 @@ class Uplink:
         return await self.commits.submit(fn, within=within, frees=frees)
 
     async def _run(self, stop: asyncio.Event, exit_when_drained: bool) -> None:
-        backoff = Backoff()
+        adopted: list[int] = []  # once, before the first connection (a held store waits)
         key = self.session_key
-        adopted: int | None = None
-        while not stop.is_set():
-            try:
-                if adopted is None:  # once, before the first connection (a held store waits)
-                    adopted = await self.commit(lambda db: self.store.adopt_orphans_in(db, key))
-                    if adopted:
-                        log.warning(
-                            "%d in-flight messages belonged to another session; re-queued",
-                            adopted,
-                        )
-                drained = await self._connection(stop, exit_when_drained, backoff)
-                if drained or stop.is_set():
-                    return
-            except StoreUnwritable as exc:
-                self._failed(str(exc), exc)
-                with contextlib.suppress(Exception):
-                    await self.commits.flush()
-                await self.degraded.run(stop)
-                backoff.reset()
-                continue  # writable again: resume the session, which sends it all again
-            except ConnectRefused as exc:
-                self._failed(str(exc), exc)
-            except (TransportError, OSError, TimeoutError) as exc:
-                self._failed(f"{type(exc).__name__}: {exc}", exc)
-            # Before the session is read again: every transition of the last connection
-            # (lazy PUBCOMPs included) is committed, or failed and is not in the store.
-            with contextlib.suppress(Exception):
-                await self.commits.flush()
-            self.status.record_down()
-            delay = backoff.next_delay()
-            self.status.state = "backoff"
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+
+        async def connection(backoff: Backoff) -> bool:
+            """One connection; True once there is nothing more to do (drained, stopped)."""
+            while True:
+                try:
+                    if not adopted:
+                        n = await self.commit(lambda db: self.store.adopt_orphans_in(db, key))
+                        adopted.append(n)
+                        if n:
+                            log.warning("%d in-flight messages of another session re-queued", n)
+                    drained = await self._connection(stop, exit_when_drained, backoff)
+                    return drained or stop.is_set()
+                except StoreUnwritable as exc:
+                    self._failed(str(exc), exc)
+                    with contextlib.suppress(Exception):
+                        await self.commits.flush()
+                    await self.degraded.run(stop)
+                    backoff.reset()
+                    if stop.is_set():
+                        return True
+                    # Writable again: resume the session at once; it sends it all again.
+
+        await reconnecting(stop, connection, self._down)
+
+    async def _down(self, why: str, exc: BaseException) -> None:
+        self._failed(why, exc)
+        # Before the session is read again: every transition of the last connection
+        # (lazy PUBCOMPs included) is committed, or failed and is not in the store.
+        with contextlib.suppress(Exception):
+            await self.commits.flush()
+        self.status.record_down()
+        self.status.state = "backoff"
 
     def metrics(self, st: dict[str, Any] | None = None) -> dict[str, Any]:
         """The uplink's figures; ``st`` is a fresh ``store.stats()`` if the caller has one."""
