@@ -32,7 +32,8 @@ $(STAMP): $(VENV)/bin/python pyproject.toml
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
-lint: setup
+# The Python tools only: no apt-get, no npm (a quick check before a commit).
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	scripts/typecheck.sh
