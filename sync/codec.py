@@ -332,10 +332,10 @@ class _Reader:
         return self.take(1)[0]
 
     def u16(self) -> int:
-        return struct.unpack("!H", self.take(2))[0]
+        return int.from_bytes(self.take(2), "big")
 
     def u32(self) -> int:
-        return struct.unpack("!I", self.take(4))[0]
+        return int.from_bytes(self.take(4), "big")
 
     def varint(self) -> int:
         value, shift = 0, 0
@@ -640,7 +640,7 @@ def _d_reasoned(cls: Callable[..., Any]) -> Callable[[_Reader, int, int], Any]:
     return decode_reasoned
 
 
-_DECODERS: dict[int, Callable[[_Reader, int, int], Any]] = {
+_DECODERS: dict[int, Callable[[_Reader, int, int], Packet]] = {
     PacketType.CONNACK: _d_connack,
     PacketType.PUBLISH: _d_publish,
     PacketType.PUBACK: _d_ack(Puback),

@@ -1062,7 +1062,7 @@ class Store:
         pages = db.execute("PRAGMA page_count").fetchone()[0]
         free = db.execute("PRAGMA freelist_count").fetchone()[0]
         size = db.execute("PRAGMA page_size").fetchone()[0]
-        return (pages - free) * size
+        return int((pages - free) * size)
 
     def _make_room(self, db: sqlite3.Connection, incoming: int) -> None:
         if self.quota_bytes is None:
