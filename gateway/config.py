@@ -230,6 +230,7 @@ class RegisterConfig(_Model):
     scale: float = 1.0
     unit: str | None = None
     word_order: Literal["big", "little"] = "big"
+    value_kind: Literal["gauge", "counter", "total"] = "gauge"
 
 
 class ModbusSensor(_Sensor):

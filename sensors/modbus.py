@@ -19,6 +19,9 @@ from .api import Driver, SensorReading, Sink
 TYPES = ("uint16", "int16", "uint32", "int32", "float32")
 
 
+VALUE_KINDS = ("gauge", "counter", "total")
+
+
 @dataclass(frozen=True)
 class Register:
     name: str
@@ -28,10 +31,16 @@ class Register:
     scale: float = 1.0
     unit: str | None = None
     word_order: str = "big"
+    # What the number is (sync.wire's kinds): an energy meter's kWh register is a
+    # running total, to be charted by its last value, not averaged. (``kind`` above
+    # is Modbus's own word, for the register table.)
+    value_kind: str = "gauge"
 
     def __post_init__(self) -> None:
         if self.kind not in ("holding", "input"):
             raise ValueError(f"register {self.name}: kind must be holding or input")
+        if self.value_kind not in VALUE_KINDS:
+            raise ValueError(f"register {self.name}: value_kind must be one of {VALUE_KINDS}")
         if self.type not in TYPES:
             raise ValueError(f"register {self.name}: type must be one of {TYPES}")
         if self.word_order not in ("big", "little"):
@@ -113,4 +122,6 @@ class ModbusReader(Driver):
             )
             self.counters["readings"] += 1
             value = round(float(raw) * reg.scale, 6)
-            sink.reading(SensorReading(f"{self.sensor}.{reg.name}", value, reg.unit))
+            sink.reading(
+                SensorReading(f"{self.sensor}.{reg.name}", value, reg.unit, kind=reg.value_kind)
+            )

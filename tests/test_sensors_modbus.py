@@ -19,6 +19,7 @@ REGISTERS = [
     {"name": "energy", "address": 2, "type": "uint32", "scale": 0.01, "unit": "kWh"},
     {"name": "freq", "address": 4, "kind": "input", "type": "float32", "unit": "Hz"},
 ]
+REGISTERS[2]["value_kind"] = "total"  # a meter's running total
 
 
 def registers() -> list[int]:
@@ -72,6 +73,13 @@ def test_modbus_register_map_scaled() -> None:
     assert got["meter.power"] == (-10.0, "W")
     assert got["meter.energy"] == (1000.0, "kWh")
     assert got["meter.freq"][0] == round(struct.unpack(">f", struct.pack(">f", 49.98))[0], 6)
+    kinds = {r.sensor: r.kind for r in sink.readings[:4]}
+    assert kinds == {
+        "meter.voltage": "gauge",
+        "meter.power": "gauge",
+        "meter.energy": "total",  # a meter's running total, declared in the register map
+        "meter.freq": "gauge",
+    }
 
 
 def test_modbus_exception_and_lost_device_are_faults() -> None:
