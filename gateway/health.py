@@ -41,7 +41,8 @@ class _Collector:
         up, st, it, clk = s["uplink"], s["store"], s["intake"], s["clock"]
         if self.started is None:
             # Fixed once, so it changes only when the process does (``changes()`` counts restarts).
-            self.started = round(s["time"] - s["uptime_s"], 1)
+            # The exact start, not time - rounded uptime: that lands up to 0.1 s after the start.
+            self.started = s["started"]
         yield InfoMetricFamily(
             "pubcomp_gateway",
             "the gateway's id and fleet",

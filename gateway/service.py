@@ -328,6 +328,7 @@ class Gateway:
             "gateway": self.cfg.id,
             "fleet": self.cfg.fleet,
             "time": time.time(),
+            "started": self.started,
             "uptime_s": round(time.time() - self.started, 1),
             "healthy": self.healthy()[0],
             "health_problems": self.healthy()[1],
