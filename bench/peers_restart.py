@@ -116,6 +116,7 @@ class KillProxy:
         self._victim: subprocess.Popen[Any] | None = None
         self._point: BreakPoint | None = None
         self._left = 0
+        self._generation = 0  # one per arm(): a connection only counts in its own
         self.fired = False
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True, name="kill-proxy").start()
@@ -123,6 +124,7 @@ class KillProxy:
     def arm(self, victim: subprocess.Popen[Any], point: BreakPoint | None, nth: int) -> None:
         with self._lock:
             self._victim, self._point, self._left, self.fired = victim, point, nth, False
+            self._generation += 1
 
     def _accept(self) -> None:
         while True:
@@ -140,10 +142,11 @@ class KillProxy:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._conns += [client, upstream]
+                generation = self._generation
             pair = (client, upstream)
             for src, dst, direction in ((client, upstream, UP), (upstream, client, DOWN)):
                 threading.Thread(
-                    target=self._pump, args=(src, dst, direction, pair), daemon=True
+                    target=self._pump, args=(src, dst, direction, pair, generation), daemon=True
                 ).start()
 
     def _pump(
@@ -152,6 +155,7 @@ class KillProxy:
         dst: socket.socket,
         direction: str,
         pair: tuple[socket.socket, socket.socket],
+        generation: int,
     ) -> None:
         buf = bytearray()
         with contextlib.suppress(OSError):
@@ -159,7 +163,7 @@ class KillProxy:
                 buf += data
                 while (n := packet_length(buf)) is not None:
                     packet, buf = bytes(buf[:n]), buf[n:]
-                    if not self._forward(packet, dst, direction, pair):
+                    if not self._forward(packet, dst, direction, pair, generation):
                         return
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
@@ -170,11 +174,14 @@ class KillProxy:
         dst: socket.socket,
         direction: str,
         pair: tuple[socket.socket, socket.socket],
+        generation: int,
     ) -> bool:
         # One lock for both directions: once the kill is decided, nothing more of this
         # connection moves either way, so the broker sees exactly the packets before it.
+        # A connection of a killed publisher moves nothing after the next arm(): its
+        # late packets must not count towards the next run's kill.
         with self._lock:
-            if self.fired:
+            if self.fired or generation != self._generation:
                 return False
             hit = False
             p = self._point
@@ -195,6 +202,10 @@ class KillProxy:
         if self._victim is not None:
             self._victim.kill()
         for s in pair:
+            # shutdown, not only close: another thread is blocked in recv on it, and a
+            # close alone would leave the broker's side open until its keepalive ran out.
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 s.close()
 
@@ -357,17 +368,18 @@ class Row:
     published: int = 0
     delivered: int = 0
     lost: int = 0
-    duplicated: int = 0
-    copies: int = 0
+    duplicated: int = 0  # extra copies
+    copied: int = 0  # readings delivered more than once
     kills: dict[str, int] = field(default_factory=dict)
     stalls: int = 0  # runs that neither finished nor reached their kill within --run-timeout
     finished: bool = False  # the last, unharmed run said every reading was done
     reused_ids: int = 0
+    note: str | None = None  # what the checker needed (settle)
     seconds: float = 0.0
 
     @property
     def exactly_once(self) -> float:
-        return (self.delivered - self.duplicated) / max(self.published, 1)
+        return (self.delivered - self.copied) / max(self.published, 1)
 
 
 def schedule(args: argparse.Namespace) -> list[tuple[str, int]]:
@@ -414,22 +426,38 @@ def prepare(system: str, work: Path, n: int) -> set[str]:
     return {str(r["id"]) for r in rows}
 
 
-def settle(checker: Checker, port: int, tag: str, timeout: float = 30.0) -> None:
+def settle(checker: Checker, port: int, tag: str, quiet: float = 10.0) -> str | None:
     """Wait until a marker published after the last run has reached the checker: the
-    broker queues to one subscriber in order, so everything released before it is in."""
+    broker queues to one subscriber in order, so everything released before it is in.
+    Returns a note when the checker had to be reconnected or never got the marker."""
     marker = f"marker/{tag}"
     body = {"readings": [{"id": marker, "sensor": "-", "ts": None, "value": None}]}
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, f"marker-{tag}")
     client.connect("127.0.0.1", port)
     client.loop_start()
     client.publish("peers/marker", json.dumps(body), qos=2).wait_for_publish(10)
-    deadline = time.monotonic() + timeout
-    while marker not in checker.snapshot():
-        if time.monotonic() > deadline:
-            raise RuntimeError("the marker did not reach the checker")
-        time.sleep(0.01)
+    note = None
+    for attempt in range(2):
+        seen, progress_at = -1, time.monotonic()
+        while marker not in checker.snapshot() and time.monotonic() - progress_at < quiet:
+            if checker.messages != seen:
+                seen, progress_at = checker.messages, time.monotonic()
+            time.sleep(0.01)
+        if marker in checker.snapshot():
+            break
+        if attempt == 0:
+            # Seen after many paho restarts: Mosquitto stopped sending to the checker.
+            # A new connection of its session makes the broker resend what it holds.
+            note = f"the checker got nothing for {quiet:g} s and was reconnected"
+            subscribed = checker.subscriptions
+            checker.client.disconnect()
+            checker.client.reconnect()
+            checker.wait_subscribed(subscribed)
+        else:
+            note = f"the checker never got the marker: counts as of {checker.messages} messages"
     client.disconnect()
     client.loop_stop()
+    return note
 
 
 def run_system(system: str, args: argparse.Namespace, base: Path) -> Row:
@@ -483,7 +511,7 @@ def run_system(system: str, args: argparse.Namespace, base: Path) -> Row:
                 row.finished = True
                 break
         row.seconds = time.monotonic() - t0
-        settle(checker, broker.port, system)
+        row.note = settle(checker, broker.port, system)
         snapshot = checker.snapshot()
     finally:
         checker.stop()
@@ -494,7 +522,7 @@ def run_system(system: str, args: argparse.Namespace, base: Path) -> Row:
     row.delivered = len(expected & counts.keys())
     row.lost = len(expected - counts.keys())
     row.duplicated = sum(n - 1 for k, n in counts.items() if k in expected and n > 1)
-    row.copies = sum(counts.values())
+    row.copied = sum(1 for k, n in counts.items() if k in expected and n > 1)
     row.reused_ids = broker.log().count("Reused message ID")
     return row
 
@@ -519,6 +547,8 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
         print(f"{r.system:<10} {r.published:>10,} {r.delivered:>10,} {r.lost:>6,} "
               f"{r.duplicated:>11,} {r.exactly_once:>12.1%} {ratio:>17} {kills:>22} "
               f"{r.reused_ids:>11} {r.seconds:>8.1f}")  # fmt: skip
+        if r.note:
+            print(f"{'':<10} {r.note}")
         if r.stalls or not r.finished:
             print(f"{'':<10} stalled: {r.stalls} run(s) made no progress for "
                   f"{args.run_timeout:g} s and were killed; "
