@@ -33,7 +33,7 @@ itself between the two tables' commits, in either order (add first, or delete
 first); the parent opens the file again and says where the reading is. The same
 kill after pubcomp's one-transaction move, for contrast.
 
-    python bench/outbox_sqlitedict.py [--readings 2000]
+    python bench/outbox_sqlitedict.py [--readings 1000]
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def where_after_crash(system: str, order: str, work: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--readings", type=int, default=2000)
+    ap.add_argument("--readings", type=int, default=1000)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--child", choices=("moves", "crash"), help=argparse.SUPPRESS)
