@@ -27,7 +27,11 @@ file beside the process (the readings, and a log of the ids whose publish
 completed: paho's ``on_publish``, aiomqtt's awaited ``publish``). A restarted
 peer publishes again every reading not in that log. pubcomp's row is ``pubcomp
 uplink run`` on a store filled with the same number of readings, one per message
-(``--batch 1``), through the same proxy and schedule.
+(``--batch 1``), through the same proxy and schedule. The peers keep ``--window``
+messages in flight (20, Mosquitto's Receive Maximum; 1 awaits each in turn).
+
+A run is a stall when the checker gets no new message for ``--run-timeout``
+seconds: the publisher is killed, the schedule ends, one unharmed run is tried.
 
 An independent paho-mqtt subscriber (devkit/checker.py: QoS 2, persistent
 session) counts every copy of every reading id. Printed per system: published,
@@ -252,9 +256,10 @@ def run_paho(port: int, work: Path, client_id: str, protocol: int, window: int) 
 
     def completed(reading_id: str, failed: bool) -> None:
         if failed:
-            # MQTT 5: a PUBCOMP >= 0x80 (0x92 after the broker refused the PUBLISH with a
-            # PUBREC 0x97 that paho does not read) means the message was not taken. The
-            # application publishes the reading again rather than lose it.
+            # MQTT 5: a PUBCOMP >= 0x80 says the message was not taken, so the reading
+            # goes out again. (A PUBREC 0x97 is what Mosquitto sends when it drops one;
+            # paho does not read it, and the PUBCOMP that follows says 0x00: that loss
+            # is invisible to the application.)
             todo.put(by_id[reading_id])
             return
         # One write(2) per line: a SIGKILL leaves the line whole or absent. No fsync:
@@ -317,8 +322,6 @@ async def run_aiomqtt(port: int, work: Path, client_id: str, protocol: int, wind
 
     import aiomqtt
 
-    if os.environ.get("PEERS_DEBUG"):
-        logging.basicConfig(level=logging.DEBUG)
     pending = outbox_pending(work)
     done_fd = os.open(work / "done.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     done: set[str] = set()
