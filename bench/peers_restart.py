@@ -355,7 +355,7 @@ async def run_aiomqtt(port: int, work: Path, client_id: str, protocol: int, wind
                 await asyncio.gather(*(tasks.create_task(one(client, slots, r)) for r in todo))
                 watcher.cancel()
         except (aiomqtt.MqttError, ExceptionGroup):
-            # What aiomqtt's documentation advises: a new client, connect again, go on.
+            # aiomqtt does not reconnect by itself: the application connects again.
             # The readings not yet done are published again under new packet ids (the
             # new client object starts its ids at 1 again; a client object reused after
             # a dropped socket spun on a closed descriptor here).
