@@ -23,7 +23,7 @@ reading per message, each move committed before the protocol step it covers
   the fourth does the same in WAL mode (one fsync per commit, as pubcomp's).
 
 Each system runs in a child process under ``strace -f -c -e trace=fsync,fdatasync``
-(fsyncs counted by the kernel's own calls; without strace the column says "-"),
+(fsyncs counted as the system calls the process makes; without strace: "-"),
 and the child reads its own ``write_bytes`` from /proc/self/io at the end (bytes
 it sent towards the disk, all threads). Printed per reading: fsyncs, bytes
 written, and the time per reading.
