@@ -51,6 +51,8 @@ bench: setup
 	$(PY) bench/wear.py
 	$(PY) bench/firmware.py
 	$(PY) bench/node_tls.py
+	$(PY) bench/peers_restart.py
+	$(PY) bench/outbox_sqlitedict.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out .cache tests/firmware/node_modules

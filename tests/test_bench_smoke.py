@@ -159,3 +159,47 @@ def test_wear_bench_runs_and_prints_each_system_row() -> None:
     # Real figures: readings were acknowledged, each cost fsyncs and bytes on the disk.
     assert float(per_s.replace(",", "")) > 0
     assert float(fsyncs) > 0 and float(bytes_per.replace(",", "")) > 0
+
+
+def test_peers_restart_bench_counts_add_up_and_pubcomp_is_exact() -> None:
+    """Tiny: the kills at the three break points still come; pubcomp must lose and
+    duplicate nothing, and every row's figures must add up."""
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "peers_restart.py"), "--readings", "150",
+         "--kills", "6", "--max-nth", "12", "--run-timeout", "5"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {
+        cells[0]: cells[1:]
+        for cells in (ln.split() for ln in res.stdout.splitlines())
+        if cells and cells[0] in ("pubcomp", "paho", "aiomqtt")
+    }
+    assert rows.keys() == {"pubcomp", "paho", "aiomqtt"}, res.stdout
+    for system, cells in rows.items():
+        published, delivered, lost, duplicated = (int(c.replace(",", "")) for c in cells[:4])
+        assert published == 150 and delivered + lost == published, (system, cells)
+        assert duplicated >= 0
+    published, delivered, lost, duplicated = rows["pubcomp"][:4]
+    assert (delivered, lost, duplicated) == ("150", "0", "0"), res.stdout
+    assert rows["pubcomp"][6] == "2/2/2", res.stdout  # every scheduled kill came
+    assert res.stdout.count("ratio:") == 2
+
+
+def test_outbox_sqlitedict_bench_shows_the_split_move() -> None:
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "outbox_sqlitedict.py"), "--readings", "40"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout
+    ours = next(ln for ln in out.splitlines() if ln.startswith("pubcomp Store"))
+    fsyncs, bytes_per = ours.split()[-3:-1]
+    # Four moves per reading, each a commit: at least one fsync each, and bytes on the disk.
+    assert fsyncs == "-" or float(fsyncs) >= 4.0, ours
+    assert float(bytes_per.replace(",", "")) > 0, ours
+    crashes = [ln for ln in out.splitlines() if " killed " in ln]
+    assert len(crashes) == 7, out
+    assert all("in both tables" in ln for ln in crashes if "before the queued delete" in ln)
+    assert all("in neither table" in ln for ln in crashes if "before the in-flight commit" in ln)
+    assert "pubcomp Store" in crashes[0] and "one place" in crashes[0]
