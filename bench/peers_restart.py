@@ -71,6 +71,7 @@ from paho.mqtt.properties import Properties  # noqa: E402
 
 from devkit.broker import Mosquitto, mosquitto_binary  # noqa: E402
 from devkit.checker import Checker  # noqa: E402
+from devkit.link import Forwarder  # noqa: E402
 
 PUBLISH, PUBREC, PUBREL, PUBCOMP = 3, 5, 6, 7
 UP, DOWN = "publisher -> broker", "broker -> publisher"
@@ -108,14 +109,11 @@ def packet_length(buf: bytes | bytearray) -> int | None:
     return None
 
 
-class KillProxy:
+class KillProxy(Forwarder):
     """A TCP forwarder between one publisher and its broker that moves whole MQTT
     packets and SIGKILLs the publisher at the n-th packet of one type."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.server.getsockname()[1]
         self._lock = threading.Lock()
         self._victim: subprocess.Popen[Any] | None = None
         self._point: BreakPoint | None = None
@@ -123,35 +121,24 @@ class KillProxy:
         self._generation = 0  # one per arm(): a connection only counts in its own
         self.fired = False
         self._conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True, name="kill-proxy").start()
+        super().__init__(target_port, name="kill-proxy")
 
     def arm(self, victim: subprocess.Popen[Any], point: BreakPoint | None, nth: int) -> None:
         with self._lock:
             self._victim, self._point, self._left, self.fired = victim, point, nth, False
             self._generation += 1
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            for s in (client, upstream):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._conns += [client, upstream]
-                generation = self._generation
-            pair = (client, upstream)
-            for src, dst, direction in ((client, upstream, UP), (upstream, client, DOWN)):
-                threading.Thread(
-                    target=self._pump, args=(src, dst, direction, pair, generation), daemon=True
-                ).start()
+    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
+        for s in (client, upstream):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            self._conns += [client, upstream]
+            generation = self._generation
+        pair = (client, upstream)
+        for src, dst, direction in ((client, upstream, UP), (upstream, client, DOWN)):
+            threading.Thread(
+                target=self._pump, args=(src, dst, direction, pair, generation), daemon=True
+            ).start()
 
     def _pump(
         self,
@@ -214,7 +201,7 @@ class KillProxy:
                 s.close()
 
     def close(self) -> None:
-        self.server.close()
+        super().close()
         with self._lock:
             for s in self._conns:
                 with contextlib.suppress(OSError):

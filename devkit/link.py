@@ -14,43 +14,75 @@ import struct
 import threading
 
 
-class LinkProxy:
-    def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
+class Forwarder:
+    """Listens on a free loopback port and, for each client, opens a connection to
+    the target; a subclass says what flows between the two (``_join``). The demo,
+    the tests and the benches each need a link that misbehaves in its own way."""
+
+    def __init__(self, target_port: int, host: str = "127.0.0.1", *, name: str) -> None:
         self.target = (host, target_port)
         self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self.cuts = 0
-        self.is_down = False
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True, name="link-proxy").start()
+        self.port: int = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True, name=name).start()
 
     def _accept(self) -> None:
         while True:
             try:
                 client, _ = self.server.accept()
             except OSError:
-                return
+                return  # closed
             try:
-                if self.is_down:
-                    raise OSError("link down")
-                upstream = socket.create_connection(self.target, timeout=5)
-                upstream.settimeout(None)
+                upstream = self._connect()
             except OSError:
-                _reset(client)
+                self._refuse(client)
                 continue
-            with self._lock:
-                self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            self._join(client, upstream)
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
+    def _connect(self) -> socket.socket:
+        upstream = socket.create_connection(self.target, timeout=5)
+        upstream.settimeout(None)
+        return upstream
+
+    def _refuse(self, client: socket.socket) -> None:
+        client.close()
+
+    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until ``src`` ends, then end ``dst``'s sending side."""
+    with contextlib.suppress(OSError):
+        while data := src.recv(65536):
+            dst.sendall(data)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
+
+
+class LinkProxy(Forwarder):
+    def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
+        self.conns: list[socket.socket] = []
+        self.cuts = 0
+        self.is_down = False
+        self._lock = threading.Lock()
+        super().__init__(target_port, host, name="link-proxy")
+
+    def _connect(self) -> socket.socket:
+        if self.is_down:
+            raise OSError("link down")
+        return super()._connect()
+
+    def _refuse(self, client: socket.socket) -> None:
+        _reset(client)
+
+    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
+        with self._lock:
+            self.conns += [client, upstream]
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=pipe, args=(a, b), daemon=True).start()
 
     def cut(self) -> None:
         """Reset every open connection; new ones are accepted unless the link is down."""
@@ -69,7 +101,7 @@ class LinkProxy:
         self.is_down = False
 
     def close(self) -> None:
-        self.server.close()
+        super().close()
         self.cut()
 
 

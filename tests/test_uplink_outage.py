@@ -43,6 +43,7 @@ import pytest
 from devkit.broker import Mosquitto
 from devkit.checker import Checker
 from devkit.gateway_helpers import GatewayProc
+from devkit.link import Forwarder, pipe
 from sync.uplink import UplinkStatus
 
 LATENCY_S = 0.05
@@ -50,41 +51,20 @@ READINGS_PER_MESSAGE = 1
 NODES = {"n1": "pw-1", "n2": "pw-2"}
 
 
-class SlowLink:
+class SlowLink(Forwarder):
     """A TCP forwarder to the cloud broker with a fixed latency on the way back (a
     satellite or a congested cellular link); a connection whose broker is gone is
     closed, one it cannot open is reset."""
 
     def __init__(self, target_port: int, latency: float) -> None:
-        self.target, self.latency = ("127.0.0.1", target_port), latency
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True, name="slow-link").start()
+        self.latency = latency
+        super().__init__(target_port, name="slow-link")
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            later: queue.Queue[tuple[float, bytes]] = queue.Queue()
-            threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._read_into, args=(upstream, later), daemon=True).start()
-            threading.Thread(target=self._write_from, args=(later, client), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
+    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
+        later: queue.Queue[tuple[float, bytes]] = queue.Queue()
+        threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._read_into, args=(upstream, later), daemon=True).start()
+        threading.Thread(target=self._write_from, args=(later, client), daemon=True).start()
 
     def _read_into(self, src: socket.socket, later: queue.Queue[tuple[float, bytes]]) -> None:
         with contextlib.suppress(OSError):
@@ -102,9 +82,6 @@ class SlowLink:
                     dst.shutdown(socket.SHUT_WR)
                     return
                 dst.sendall(data)
-
-    def close(self) -> None:
-        self.server.close()
 
 
 class Node:
