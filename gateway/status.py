@@ -10,7 +10,7 @@ import time
 import urllib.request
 from typing import Any
 
-from pubcomp.sync.units import duration, megabytes
+from pubcomp.sync.units import counted, duration, size
 
 # ``pubcomp status`` exit codes (docs/operations.md, "Reading status").
 EXIT_OK = 0  # running, healthy, delivering
@@ -126,7 +126,11 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
         ("gateway", f"{snap['gateway']} (fleet {snap['fleet']}), up {duration(snap['uptime_s'])}"),
         ("health", "ok (tasks and store)" if snap["healthy"] else "UNHEALTHY"),
         ("uplink", f"{up['state']} {since}, to {up['broker']} (QoS {up['qos']})"),
-        ("backlog", f"{up['backlog']:,} readings, {up['inflight_messages']} messages in flight"),
+        (
+            "backlog",
+            f"{counted(up['backlog'], 'reading')}, "
+            f"{counted(up['inflight_messages'], 'message')} in flight",
+        ),
         ("oldest", duration(up["oldest_age_s"])),
         ("drain rate", f"{up['drain_rate']:,.1f} readings/s" if connected else "- (not connected)"),
         ("ETA", duration(eta) if eta is not None else "-"),
@@ -134,9 +138,9 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
         ("clock", f"{clk['source']}" + ("" if clk["synced"] else " (readings flagged unsynced)")),
         (
             "store",
-            f"{megabytes(st['store_bytes'])} used"
-            + (f" of {megabytes(st['quota_bytes'])} quota" if st["quota_bytes"] else "")
-            + f", disk free {megabytes(st['disk_free_bytes'])}",
+            f"{size(st['store_bytes'])} used"
+            + (f" of {size(st['quota_bytes'])} quota" if st["quota_bytes"] else "")
+            + f", disk free {size(st['disk_free_bytes'])}",
         ),
         ("flash", _flash(snap.get("flash"))),
         ("last error", last_error(up, now)),
@@ -148,7 +152,7 @@ def _flash(f: dict[str, Any] | None) -> str:
         return "-"
     life = f["life_years"]
     text = (
-        f"{megabytes(f['bytes_per_day'])} written a day, {f['fsyncs_per_s'] or 0:,.1f} fsyncs/s; "
+        f"{size(f['bytes_per_day'])} written a day, {f['fsyncs_per_s'] or 0:,.1f} fsyncs/s; "
         f"card life {'-' if life is None else f'{life:,.0f} years'} "
         f"at {f['endurance_tbw']:g} TB endurance"
     )

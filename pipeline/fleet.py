@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pubcomp.sync.units import duration, megabytes
+from pubcomp.sync.units import duration, size
 
 # `pubcomp fleet status` / `fleet watch --once` exit codes (docs/operations.md), in the
 # spirit of `pubcomp status`: 0 all delivering, 2 a bad command or a source that cannot
@@ -190,7 +190,7 @@ def judge(v: GatewayView, now: float, stale_s: float = STALE_S) -> Judgement:
     room = v.room()
     full = bool(v.quota_bytes and (v.store_bytes or 0) >= QUOTA_HIGH * v.quota_bytes)
     if full or (room is not None and room < ROOM_LOW_BYTES):
-        return Judgement(EXIT_DISK, f"store has {megabytes(room)} of room left")
+        return Judgement(EXIT_DISK, f"store has {size(room)} of room left")
     return Judgement(EXIT_OK, v.headline or "delivering")
 
 
@@ -245,7 +245,7 @@ HEADER = [
 
 
 def row(v: GatewayView, j: Judgement, now: float) -> list[str]:
-    store = megabytes(v.store_bytes) + (f" of {megabytes(v.quota_bytes)}" if v.quota_bytes else "")
+    store = size(v.store_bytes) + (f" of {size(v.quota_bytes)}" if v.quota_bytes else "")
     age = v.oldest_now(now)
     return [
         v.gateway,
@@ -258,7 +258,7 @@ def row(v: GatewayView, j: Judgement, now: float) -> list[str]:
         if v.clock_source is None
         else ("synced" if v.clock_synced else "UNSYNCED") + f" ({v.clock_source})",
         store if v.store_bytes is not None else "-",
-        megabytes(v.disk_free_bytes),
+        size(v.disk_free_bytes),
         str(v.sensor_faults) if v.sensors else "-",
         f"{v.nodes_connected}/{len(v.nodes)}" if v.nodes else "-",
         v.version or "-",

@@ -1,4 +1,5 @@
-"""Figures as an operator reads them: durations and byte counts (status, fleet views)."""
+"""Figures as an operator reads them: durations, byte counts, counted things (status,
+fleet views)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,18 @@ def duration(s: float | None) -> str:
     return f"{s / 86400:.1f} d"
 
 
-def megabytes(n: float | None) -> str:
-    """Bytes as MB, or GB from 10 GB on (80,498.2 MB reads better as 80.5 GB)."""
+def size(n: float | None) -> str:
+    """Bytes as kB below 1 MB (a new store is not "0.0 MB"), MB, or GB from 10 GB on
+    (80,498.2 MB reads better as 80.5 GB)."""
     if n is None:
         return "-"
     if n >= 10e9:
         return f"{n / 1e9:,.1f} GB"
-    return f"{n / 1e6:,.1f} MB"
+    if n >= 1e6:
+        return f"{n / 1e6:,.1f} MB"
+    return f"{n / 1e3:,.1f} kB"
+
+
+def counted(n: int, noun: str) -> str:
+    """The noun agrees with its number: "1 message", "1,200 messages"."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

@@ -25,7 +25,7 @@ import pytest
 from devkit.broker import Mosquitto, free_port
 from devkit.gateway_helpers import GatewayProc
 from pubcomp.gateway.health import backlog_svg, fit_span
-from pubcomp.sync.units import megabytes
+from pubcomp.sync.units import counted, size
 
 SENSORS = [{"id": "temp", "type": "simulated", "signal": "sine", "unit": "C", "interval_s": 0.05}]
 SIZES = {"desktop": (1280, 900), "phone": (390, 844)}
@@ -70,9 +70,9 @@ class Browser:
 
     def screenshot(self, url: str, name: str) -> list[Path]:
         out = []
-        for label, size in SIZES.items():
+        for label, window in SIZES.items():
             path = self.shots / f"status-{name}-{label}.png"
-            self._run(url, size, f"--screenshot={path}")
+            self._run(url, window, f"--screenshot={path}")
             assert path.stat().st_size > 10_000, path
             out.append(path)
         return out
@@ -248,7 +248,9 @@ def test_young_gateway_chart_and_sizes() -> None:
     # A peak between two samples of a column survives the drawing.
     hist = [(now - 60 + i, 0) for i in range(60)] + [(now - 0.5, 296)]
     assert 'data-peak="296"' in backlog_svg(hist, now, 3600.0)
-    assert megabytes(80_498_200_000) == "80.5 GB" and megabytes(512_000_000) == "512.0 MB"
+    assert size(80_498_200_000) == "80.5 GB" and size(512_000_000) == "512.0 MB"
+    assert size(24_576) == "24.6 kB"  # a new store, not "0.0 MB"
+    assert counted(1, "message") == "1 message" and counted(1200, "message") == "1,200 messages"
 
 
 def test_operator_errors_are_one_line(tmp_path: Path, mosquitto: Mosquitto) -> None:
