@@ -48,6 +48,7 @@ from pubcomp.sync.packets import (
     Unsuback,
     Unsubscribe,
 )
+from pubcomp.sync.running import cancel_all
 from pubcomp.sync.session import Deliver, Forget, Reack, ReceiverSession
 from pubcomp.sync.session import Reply as SessionReply
 from pubcomp.sync.store import Reading, StoreFull, StoreUnwritable
@@ -183,9 +184,7 @@ class Ingress:
             server.close()
         for w in list(self._live.values()):
             w.close()
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._tasks)
 
     def _accept(self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         task = asyncio.ensure_future(self._on_listener(ls, r, w))
@@ -346,9 +345,7 @@ class Ingress:
             await replies.put(None)  # a clean end: the acknowledgements owed still go out
             await writer
         finally:
-            for t in (reader, writer):
-                t.cancel()
-            await asyncio.gather(reader, writer, return_exceptions=True)
+            await cancel_all((reader, writer))
             while not replies.empty():  # owed, never to be sent: their errors are known
                 left = replies.get_nowait()
                 if isinstance(left, asyncio.Future):

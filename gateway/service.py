@@ -26,7 +26,7 @@ from pubcomp.sync.packets import MQTT_5, MQTT_311
 from pubcomp.sync.store import Store, StoreError
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 
-from ..sync.running import run_until_stopped
+from ..sync.running import cancel_all, run_until_stopped
 from .clock import ClockWatch, correct_waiting, kernel_check
 from .commitlog import CommitLog
 from .config import GatewayConfig
@@ -159,9 +159,7 @@ class Gateway:
             await stop.wait()
         finally:
             self.notifier.stopping("stopping: committing and disconnecting")
-            for t in drivers + chores:
-                t.cancel()
-            await asyncio.gather(*drivers, *chores, return_exceptions=True)
+            await cancel_all(drivers + chores)
             if self.ingress is not None:
                 await self.ingress.close()
             uplink_stop.set()

@@ -60,7 +60,7 @@ from pubcomp.sync.packets import (
     Subscribe,
     Subscription,
 )
-from pubcomp.sync.running import reconnecting, run_until_stopped
+from pubcomp.sync.running import cancel_all, reconnecting, run_until_stopped
 from pubcomp.sync.session import Deliver, Forget, Reack, ReceiverSession, Reply, message_digest
 from pubcomp.sync.store import StoreError, held_receive_ids
 
@@ -239,9 +239,7 @@ class Ingest:
                 committer.result()  # a failed write or fsync: nothing held may go out
             await asyncio.gather(*links)
         finally:
-            for t in links:
-                t.cancel()
-            await asyncio.gather(*links, return_exceptions=True)
+            await cancel_all(links)
             # Never cancelled mid-write: its worker thread would go on writing (or
             # rolling) while the files are closed below. It ends after its round.
             self._stopping = True

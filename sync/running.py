@@ -1,20 +1,27 @@
 """How long-running work runs: the main of every command that runs until stopped
 (uplink, gateway, ingest: one event loop, and SIGTERM or SIGINT asks the work to
 stop, so it commits and disconnects cleanly instead of being torn down
-mid-commit), and the reconnect loop of a connection that must come back."""
+mid-commit), the reconnect loop of a connection that must come back, and the
+cancelling of tasks at a stop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from .client import Backoff, ConnectRefused
 from .errors import TransportError
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+# How often a task that is still running after its cancel is told again.
+RECANCEL_S = 0.25
 
 
 def run_until_stopped(work: Callable[[asyncio.Event], Awaitable[T]]) -> T:
@@ -59,3 +66,30 @@ async def _told(
     told = failed(why, exc)
     if told is not None:
         await told
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]], *, within: float = 10.0) -> set[str]:
+    """Cancel ``tasks`` and wait until they have ended; the names of any still running
+    after ``within`` seconds (logged, and left behind).
+
+    One cancel is not always enough: Python 3.11's ``asyncio.wait_for`` returns its
+    inner result, and drops the cancel, when both land in the same step (gh-86296; an
+    aiomqtt client connecting as SIGTERM arrived kept a gateway from stopping). Such a
+    task is told again until it ends.
+    """
+    tasks = list(tasks)
+    left = {t for t in tasks if not t.done()}
+    deadline = asyncio.get_running_loop().time() + within
+    while left:
+        for t in left:
+            t.cancel()
+        wait = min(RECANCEL_S, deadline - asyncio.get_running_loop().time())
+        if wait <= 0:
+            break
+        _, left = await asyncio.wait(left, timeout=wait)
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()  # retrieved: asyncio would otherwise log it as never retrieved
+    for t in left:
+        log.warning("task %s did not end within %g s of its cancel", t.get_name(), within)
+    return {t.get_name() for t in left}
