@@ -213,6 +213,9 @@ class SenderSession:
         self.last_packet_id = last_packet_id
         self.receive_maximum = 65535
         self.maximum_qos = 2
+        # Ids of our SUBSCRIBEs awaiting their SUBACK: the same id space as PUBLISHes
+        # (MQTT-2.3.1-2), but nothing the broker keeps past the connection.
+        self.control: set[int] = set()
 
     # -- connection lifecycle
 
@@ -262,17 +265,37 @@ class SenderSession:
             raise ValueError("only QoS 1 and 2 messages carry packet ids")
         if self.send_quota() <= 0:
             raise SessionError("send quota exhausted (Receive Maximum)")
-        pid = self.last_packet_id
-        for _ in range(MAX_PACKET_ID):
-            pid = pid % MAX_PACKET_ID + 1
-            if pid not in self.inflight:
-                break
-        else:  # pragma: no cover - 65535 in flight is beyond any Receive Maximum
-            raise SessionError("no free packet id")
+        pid = self._free_id()
         out = Outgoing(pid, qos)
         self.inflight[pid] = out
         self.last_packet_id = pid
         return out
+
+    def _free_id(self) -> int:
+        pid = self.last_packet_id
+        for _ in range(MAX_PACKET_ID):
+            pid = pid % MAX_PACKET_ID + 1
+            if pid not in self.inflight and pid not in self.control:
+                return pid
+        raise SessionError("no free packet id")  # pragma: no cover - beyond Receive Maximum
+
+    def allocate_control(self) -> int:
+        """An id for a SUBSCRIBE: in use by no PUBLISH (MQTT-2.3.1-2) until its SUBACK
+        (``control_done``). It does not count against the send quota, which is about
+        PUBLISHes (5.0 4.9.0-2); it is not persisted, as the broker keeps no SUBSCRIBE
+        across a connection."""
+        pid = self._free_id()
+        self.control.add(pid)
+        self.last_packet_id = pid
+        return pid
+
+    def control_done(self, packet_id: int) -> bool:
+        """The SUBACK for ``packet_id`` arrived: the id is free. False if we sent no
+        SUBSCRIBE with it."""
+        if packet_id not in self.control:
+            return False
+        self.control.discard(packet_id)
+        return True
 
     def forget_allocation(self, packet_id: int) -> None:
         """Undo ``allocate`` when persisting failed (nothing was sent)."""

@@ -7,6 +7,8 @@ are not JSON, so they are refused here.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -93,16 +95,22 @@ def encode_readings(readings: Sequence[dict[str, Any]]) -> bytes:
     return _ENCODER.encode(readings)[1:-1].encode()
 
 
-def encode_payload(gateway: str, bodies: Sequence[bytes]) -> bytes:
+def encode_payload(
+    gateway: str, bodies: Sequence[bytes], outbox: tuple[str, int, int] | None = None
+) -> bytes:
     """The gateway-to-cloud wire format, version 1 (docs/wire-format.md), from readings
-    already encoded (``encode_readings``)."""
-    return b"".join((payload_head(gateway), b",".join(bodies), b"]}"))
+    already encoded (``encode_readings``). ``outbox``: (epoch, first seq, last seq) of
+    the gateway's store that the message carries, for the end-to-end acknowledgement."""
+    return b"".join((payload_head(gateway, outbox), b",".join(bodies), b"]}"))
 
 
-def payload_head(gateway: str) -> bytes:
-    return (
-        b'{"v":1,"gateway":' + json.dumps(gateway, ensure_ascii=False).encode() + b',"readings":['
-    )
+def payload_head(gateway: str, outbox: tuple[str, int, int] | None = None) -> bytes:
+    name = json.dumps(gateway, ensure_ascii=False).encode()
+    if outbox is None:
+        return b'{"v":1,"gateway":' + name + b',"readings":['
+    epoch, first, last = outbox
+    span = _ENCODER.encode({"epoch": epoch, "first": first, "last": last}).encode()
+    return b'{"v":1,"gateway":' + name + b',"outbox":' + span + b',"readings":['
 
 
 def wire_time(t: datetime | float | None = None) -> str:
@@ -113,3 +121,95 @@ def wire_time(t: datetime | float | None = None) -> str:
     elif isinstance(t, int | float):
         t = datetime.fromtimestamp(t, UTC)
     return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# ------------------------------------------------------------------ landed
+
+# The end-to-end acknowledgement (docs/wire-format.md, issue 24): an ingest says which
+# seqs of a gateway's store are durably in its landing zone. Retained, QoS 1, on
+# ``{prefix}/{gateway}/landed/{ingest}``; cumulative (the seqs it landed that the
+# gateway may still hold), so the newest one says everything and a lost one costs
+# nothing but a later re-send.
+LANDED_SCHEMA = "landed.v1.json"
+MAX_LANDED_RANGES = 512
+_SEQ = Annotated[int, Field(ge=1, le=2**63 - 1)]
+_NAME = r"^[^/+#\x00]{1,128}$"
+
+
+class LandedAck(BaseModel):
+    model_config = _STRICT
+    v: Annotated[int, Field(ge=1, le=1)]
+    gateway: Annotated[str, Field(min_length=1, max_length=256)]
+    epoch: Annotated[str, Field(min_length=1, max_length=64)]
+    ingest: Annotated[str, Field(pattern=_NAME)]
+    at: Annotated[str, Field(pattern=_TS)]
+    landed: Annotated[list[tuple[_SEQ, _SEQ]], Field(max_length=MAX_LANDED_RANGES)]
+    hmac: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+    def body(self) -> bytes:
+        """What the HMAC covers: the acknowledgement without its ``hmac``, encoded as
+        ``encode_landed`` encodes it (fixed key order, no spaces)."""
+        return _landed_body(self.gateway, self.epoch, self.ingest, self.at, self.landed)
+
+
+def _landed_body(
+    gateway: str, epoch: str, ingest: str, at: str, ranges: Sequence[tuple[int, int]]
+) -> bytes:
+    doc = {"v": 1, "gateway": gateway, "epoch": epoch, "ingest": ingest, "at": at}
+    doc["landed"] = [[lo, hi] for lo, hi in ranges]
+    return _ENCODER.encode(doc).encode()
+
+
+def encode_landed(
+    gateway: str,
+    epoch: str,
+    ingest: str,
+    ranges: Sequence[tuple[int, int]],
+    *,
+    at: str | None = None,
+    key: bytes | None = None,
+) -> bytes:
+    """An acknowledgement; with ``key`` (the gateway's, ``landed_key``) it carries an
+    HMAC-SHA256 of its body, so a gateway holding the key trusts no other author."""
+    body = _landed_body(gateway, epoch, ingest, at or wire_time(), ranges)
+    if key is None:
+        return body
+    mac = hmac.new(key, body, hashlib.sha256).hexdigest()
+    return body[:-1] + b',"hmac":"' + mac.encode() + b'"}'
+
+
+def parse_landed(payload: bytes) -> LandedAck | str:
+    """The acknowledgement, or why not (a sentence for a log line)."""
+    try:
+        ack = LandedAck.model_validate_json(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "/".join(str(p) for p in first["loc"]) or "(top)"
+        return f"{where}: {first['msg']}"
+    if any(hi < lo for lo, hi in ack.landed):
+        return "landed: a range ends before it begins"
+    return ack
+
+
+def landed_mac_ok(ack: LandedAck, key: bytes) -> bool:
+    if ack.hmac is None:
+        return False
+    mac = hmac.new(key, ack.body(), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(mac, ack.hmac)
+
+
+def gateway_key(master: bytes, gateway: str) -> bytes:
+    """A gateway's acknowledgement key, derived from the ingest's master key: the ingest
+    holds one secret for the fleet, and a gateway's key tells nothing of another's."""
+    return hmac.new(master, b"pubcomp-landed-v1:" + gateway.encode(), hashlib.sha256).digest()
+
+
+def parse_key(text: str, where: str = "the key") -> bytes:
+    """A key as its files hold it: 64 hex digits (32 bytes), surrounding space ignored."""
+    t = text.strip()
+    if len(t) != 64:
+        raise ValueError(f"{where}: expected 64 hex digits, found {len(t)} characters")
+    try:
+        return bytes.fromhex(t)
+    except ValueError:
+        raise ValueError(f"{where}: not hex") from None
