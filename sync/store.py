@@ -62,7 +62,8 @@ T = TypeVar("T")
 DbOp = Callable[[sqlite3.Connection], Any]  # a change run inside a transaction
 
 # 2: node_seen; outbox.seq without AUTOINCREMENT in new files. 3: packed outbox rows.
-SCHEMA_VERSION = 3
+# 4: awaiting_landing (end to end: delivered messages kept until the cloud has them).
+SCHEMA_VERSION = 4
 
 OUTBOX = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -90,6 +91,14 @@ CREATE TABLE IF NOT EXISTS out_inflight (
     first_seq  INTEGER NOT NULL,
     last_seq   INTEGER NOT NULL,
     UNIQUE (session, packet_id)
+);
+-- Messages the broker completed (PUBCOMP / PUBACK) that the cloud ingest has not yet
+-- said are landed (rule 9): their readings stay in the outbox until it does.
+CREATE TABLE IF NOT EXISTS awaiting_landing (
+    first_seq  INTEGER PRIMARY KEY,
+    last_seq   INTEGER NOT NULL,
+    readings   INTEGER NOT NULL,  -- how many (the outbox rows' n, summed)
+    delivered  REAL NOT NULL      -- wall-clock seconds of the broker's completion
 );
 CREATE TABLE IF NOT EXISTS in_qos2 (
     session   TEXT NOT NULL,
@@ -1075,10 +1084,27 @@ class Store:
                 f"store {self.path} holds {used} bytes, quota {self.quota_bytes}: "
                 "refusing new readings (policy refuse_new)"
             )
-        # drop_oldest: drop waiting (not in-flight) readings, oldest first, enough
-        # for the incoming ones plus a margin so we do not drop on every append.
-        low = self._inflight_high_seq(db)
+        # drop_oldest: drop readings the cloud does not have, oldest first, enough for
+        # the incoming ones plus a margin so we do not drop on every append. Messages
+        # awaiting landing are the oldest of those (the broker completed them, but it is
+        # not the only copy we count on); in-flight ones are never dropped (their packet
+        # ids are live at the broker).
         victims, dropped = max(incoming * 2, 64), 0
+        awaiting = db.execute(
+            "SELECT first_seq, last_seq, readings FROM awaiting_landing ORDER BY first_seq"
+        )
+        evict: list[tuple[int, int]] = []
+        for first, last, n in awaiting:
+            if dropped >= victims:
+                break
+            evict.append((first, last))
+            dropped += n
+        for first, last in evict:
+            db.execute("DELETE FROM awaiting_landing WHERE first_seq = ?", (first,))
+            db.execute(_DELETE_ROWS, (first, last)).fetchall()
+        if evict:
+            self._bump(db, "dropped_awaiting", dropped)
+        low = self._inflight_high_seq(db)
         rows = db.execute("SELECT seq, n FROM outbox WHERE seq > ? ORDER BY seq", (low,))
         last = None
         for seq, n in rows:
@@ -1092,8 +1118,7 @@ class Store:
         log.warning("store quota reached: dropped %d oldest waiting readings", dropped)
 
     def _inflight_high_seq(self, db: sqlite3.Connection) -> int:
-        high: int = db.execute("SELECT COALESCE(MAX(last_seq), 0) FROM out_inflight").fetchone()[0]
-        return max(high, self.claimed_seq)
+        return max(_messages_high_seq(db), self.claimed_seq)
 
     def waiting_rows(self, after_seq: int, readings: int) -> list[tuple[int, int, bytes]]:
         """The oldest rows above ``after_seq`` holding at least ``readings`` readings (or
@@ -1154,9 +1179,12 @@ class Store:
         """The readings of the rows that begin between the two seqs, decoded (tools, tests)."""
         return [r for body in self.bodies_between(first_seq, last_seq) for r in decode_body(body)]
 
-    def split_row_in(self, db: sqlite3.Connection, seq: int, max_bytes: int) -> int:
-        """Split a waiting row into rows of at most ``max_bytes`` of encoded readings (a
-        broker whose Maximum Packet Size is smaller than a row). Returns the rows made."""
+    def split_row_in(
+        self, db: sqlite3.Connection, seq: int, max_bytes: int, max_readings: int = ROW_READINGS
+    ) -> int:
+        """Split a waiting row into rows of at most ``max_bytes`` of encoded readings and
+        ``max_readings`` readings (a broker whose Maximum Packet Size is smaller than a
+        row, an ``uplink.batch`` below a row's readings). Returns the rows made."""
         row = db.execute("SELECT body, queued FROM outbox WHERE seq = ?", (seq,))
         body, queued = row.fetchone()
         readings = decode_body(body)
@@ -1164,7 +1192,7 @@ class Store:
         size = 0
         for i, r in enumerate(readings):
             size_r = len(encode_readings([r])) + 1
-            if not pieces or size + size_r > max_bytes:
+            if not pieces or size + size_r > max_bytes or len(pieces[-1][1]) >= max_readings:
                 pieces.append((seq + i, []))
                 size = 0
             pieces[-1][1].append(r)
@@ -1208,17 +1236,33 @@ class Store:
         )
 
     def oldest_seq(self) -> float:
-        """The seq of the oldest waiting reading (an index look-up); infinity if none waits."""
+        """The seq of the oldest reading not yet delivered (waiting, queued or in flight;
+        not awaiting landing); infinity if there is none."""
         with self._rlock:
-            row = self._rdb.execute("SELECT MIN(seq) FROM outbox").fetchone()
+            row = self._rdb.execute(_OLDEST_UNDELIVERED).fetchone()
         return float("inf") if row[0] is None else row[0]
 
     def high_seq(self) -> int:
-        """Readings above this seq wait in the outbox; those at or below belong to messages."""
+        """Readings above this seq wait in the outbox; those at or below belong to messages
+        (in flight, queued for a new id, or delivered and awaiting landing)."""
         with self._rlock:
-            row = self._rdb.execute("SELECT COALESCE(MAX(last_seq), 0) FROM out_inflight")
-            high: int = row.fetchone()[0]
-        return high
+            return _messages_high_seq(self._rdb)
+
+    def sent_high_seq(self) -> int:
+        """Every seq at or below this has been in a message (or was dropped by the
+        quota): the highest seq an end-to-end acknowledgement may name."""
+        with self._rlock:
+            db = self._rdb
+            high = _messages_high_seq(db)
+            row = db.execute("SELECT MIN(seq) FROM outbox WHERE seq > ?", (high,)).fetchone()
+        if row[0] is not None:
+            return max(high, int(row[0]) - 1)
+        return max(high, self._seq)
+
+    def awaiting_messages(self) -> int:
+        """Messages delivered to the broker and not yet landed in the cloud."""
+        with self._rlock:
+            return int(self._rdb.execute("SELECT COUNT(*) FROM awaiting_landing").fetchone()[0])
 
     def adopt_orphans(self, session: str) -> int:
         """Take over messages of another session (the broker or client id changed).
@@ -1324,13 +1368,31 @@ class Store:
         released: Sequence[int] = (),
         completed: Sequence[int] = (),
         refused: Sequence[tuple[int, int, bool]] = (),
+        awaiting: Sequence[int] = (),
     ) -> int:
-        """``apply`` inside the caller's transaction."""
+        """``apply`` inside the caller's transaction. ``awaiting``: completed by the
+        broker like ``completed``, but not yet landed in the cloud (rule 9): the message
+        leaves the session and its readings stay, in ``awaiting_landing``."""
         delivered = 0
         db.executemany(
             "UPDATE out_inflight SET state = 'PUBREL_SENT' WHERE session = ? AND packet_id = ?",
             [(session, p) for p in released],
         )
+        now = time.time()
+        for pid in awaiting:
+            row = db.execute(
+                "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
+                "RETURNING first_seq, last_seq",
+                (session, pid),
+            ).fetchone()
+            if row:
+                n = self._count_in(db, [row])
+                db.execute(
+                    "INSERT OR REPLACE INTO awaiting_landing VALUES (?, ?, ?, ?)", (*row, n, now)
+                )
+                delivered += n
+                self._bump(db, "delivered", n)
+                self._bump(db, "messages_completed", 1)
         for pid in completed:
             row = db.execute(
                 "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
@@ -1377,6 +1439,82 @@ class Store:
         if completed or refused:
             self._keep_seq_floor(db)
         return delivered
+
+    # ------------------------------------------------- end to end (rule 9)
+
+    def landed_in(self, db: sqlite3.Connection, ranges: Iterable[tuple[int, int]]) -> int:
+        """The cloud has landed these seqs: every awaiting message they cover whole goes,
+        with its readings. Returns the readings let go (counted as ``landed``)."""
+        gone = 0
+        for lo, hi in ranges:
+            rows = db.execute(
+                "DELETE FROM awaiting_landing WHERE first_seq >= ? AND first_seq <= ? "
+                "AND last_seq <= ? RETURNING first_seq, last_seq",
+                (lo, hi, hi),
+            ).fetchall()
+            for row in rows:
+                gone += sum(r[0] for r in db.execute(_DELETE_ROWS, row).fetchall())
+        if gone:
+            self._bump(db, "landed", gone)
+            self._keep_seq_floor(db)
+        return gone
+
+    def forget_queued_in(self, db: sqlite3.Connection, ords: Sequence[int]) -> int:
+        """Queued messages (no packet id) that the cloud has landed meanwhile: they go
+        without being sent again. Returns the readings let go (counted as ``landed``)."""
+        gone = 0
+        for o in ords:
+            row = db.execute(
+                "DELETE FROM out_inflight WHERE ord = ? AND packet_id IS NULL "
+                "RETURNING first_seq, last_seq",
+                (o,),
+            ).fetchone()
+            if row:
+                gone += sum(r[0] for r in db.execute(_DELETE_ROWS, row).fetchall())
+        if gone:
+            self._bump(db, "landed", gone)
+            self._keep_seq_floor(db)
+        return gone
+
+    def resend_awaiting_in(
+        self,
+        db: sqlite3.Connection,
+        session: str,
+        topic: str,
+        *,
+        delivered_before: float = math.inf,
+        landed: Callable[[int, int], bool] | None = None,
+        counter: str = "resent_not_landed",
+    ) -> list[Message]:
+        """Awaiting messages completed before ``delivered_before`` (all by default) that
+        ``landed`` does not cover: published again, as new messages (QUEUED, a new
+        packet id each) with the same readings, so the same reading ids; the cloud's
+        dedup removes any copy. Returns them (oldest first), counted under ``counter``."""
+        rows = db.execute(
+            "SELECT first_seq, last_seq, readings FROM awaiting_landing "
+            "WHERE delivered < ? ORDER BY first_seq",
+            (delivered_before,),
+        ).fetchall()
+        out: list[Message] = []
+        again = 0
+        for first, last, n in rows:
+            db.execute("DELETE FROM awaiting_landing WHERE first_seq = ?", (first,))
+            if landed is not None and landed(first, last):
+                gone = sum(r[0] for r in db.execute(_DELETE_ROWS, (first, last)).fetchall())
+                self._bump(db, "landed", gone)
+                continue
+            qos = 2
+            row = db.execute(
+                "INSERT INTO out_inflight (session, packet_id, state, qos, topic, first_seq, "
+                "last_seq) VALUES (?, NULL, 'QUEUED', ?, ?, ?, ?) RETURNING ord",
+                (session, qos, topic, first, last),
+            ).fetchone()
+            out.append(Message(int(row[0]), None, qos, OutState.QUEUED, topic, first, last))
+            again += n
+        self._bump(db, counter, again)
+        if len(out) < len(rows):
+            self._keep_seq_floor(db)
+        return out
 
     def requeue_lost(self, session: str) -> int:
         """The broker lost the session: every message with an id waits for a new one.
@@ -1476,16 +1614,27 @@ class Store:
             try:
                 with self._forgetting_lock:
                     ranges = [list(r) for r in self._forgetting]
-                pending = [self._count_in(db, [(lo, hi)]) for lo, hi in ranges]
-                backlog, oldest_seq = db.execute(
-                    "SELECT COALESCE(SUM(n), 0), MIN(seq) FROM outbox"
-                ).fetchone()
-                if ranges:
-                    oldest_seq = db.execute(
-                        "SELECT MIN(seq) FROM outbox WHERE "
-                        + " AND ".join(["NOT (seq BETWEEN ? AND ?)"] * len(ranges)),
-                        [x for r in ranges for x in r],
+                # A completed message is delivered from its PUBCOMP on; once that is
+                # committed it is either gone or awaiting landing, counted there.
+                pending = [
+                    db.execute(
+                        "SELECT COALESCE(SUM(n), 0) FROM outbox o "
+                        f"WHERE seq BETWEEN ? AND ? AND {_NOT_AWAITING}",
+                        (lo, hi),
                     ).fetchone()[0]
+                    for lo, hi in ranges
+                ]
+                awaiting, awaiting_msgs, awaiting_since = db.execute(
+                    "SELECT COALESCE(SUM(readings), 0), COUNT(*), MIN(delivered) "
+                    "FROM awaiting_landing"
+                ).fetchone()
+                backlog = db.execute("SELECT COALESCE(SUM(n), 0) FROM outbox").fetchone()[0]
+                backlog -= awaiting
+                oldest_seq = db.execute(
+                    _OLDEST_UNDELIVERED
+                    + "".join(" AND NOT (o.seq BETWEEN ? AND ?)" for _ in ranges),
+                    [x for r in ranges for x in r],
+                ).fetchone()[0]
                 oldest = db.execute(
                     "SELECT queued FROM outbox WHERE seq = ?", (oldest_seq,)
                 ).fetchone()
@@ -1507,6 +1656,12 @@ class Store:
             "backlog": backlog,
             "oldest_age_s": round(time.time() - oldest[0], 3) if oldest else None,
             "inflight_messages": inflight,
+            # Delivered to the broker, not yet landed in the cloud (rule 9).
+            "awaiting_landing": awaiting,
+            "awaiting_messages": awaiting_msgs,
+            "awaiting_age_s": (
+                round(max(0.0, time.time() - awaiting_since), 3) if awaiting_since else None
+            ),
             "dead_letter": dead,
             "store_bytes": used,
             "file_bytes": self.path.stat().st_size + (wal.stat().st_size if wal.exists() else 0),
@@ -1577,6 +1732,23 @@ def fsync_dir(path: Path) -> None:
 
 
 _DELETE_ROWS = "DELETE FROM outbox WHERE seq BETWEEN ? AND ? RETURNING n"
+# The first outbox row that no awaiting_landing range covers (the ranges do not overlap,
+# so the one that could cover a seq is the one with the greatest first_seq below it).
+_NOT_AWAITING = (
+    "NOT EXISTS (SELECT 1 FROM awaiting_landing a WHERE a.first_seq = "
+    "(SELECT MAX(first_seq) FROM awaiting_landing WHERE first_seq <= o.seq) "
+    "AND a.last_seq >= o.seq)"
+)
+_OLDEST_UNDELIVERED = f"SELECT MIN(o.seq) FROM outbox o WHERE {_NOT_AWAITING}"
+
+
+def _messages_high_seq(db: sqlite3.Connection) -> int:
+    """The highest seq any message holds: in flight, queued, or awaiting landing."""
+    row = db.execute(
+        "SELECT MAX((SELECT COALESCE(MAX(last_seq), 0) FROM out_inflight), "
+        "(SELECT COALESCE(MAX(last_seq), 0) FROM awaiting_landing))"
+    ).fetchone()
+    return int(row[0])
 
 
 def _marks(readings: Iterable[dict[str, Any]]) -> str | None:

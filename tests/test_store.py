@@ -18,6 +18,7 @@ from pubcomp.sync.session import Outgoing, OutState
 from pubcomp.sync.store import (
     ROW_BYTES,
     ROW_READINGS,
+    SCHEMA_VERSION,
     Message,
     Reading,
     Store,
@@ -430,7 +431,7 @@ def test_a_store_made_before_schema_3_is_packed_with_its_seqs_and_ids(tmp_path: 
     inflight = db.execute("SELECT sql FROM sqlite_master WHERE name = 'out_inflight'").fetchone()
     version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
     db.close()
-    assert cols == ["seq", "n", "marks", "body", "queued"] and version == "3"
+    assert cols == ["seq", "n", "marks", "body", "queued"] and version == str(SCHEMA_VERSION)
     assert "AUTOINCREMENT" not in inflight[0]  # one page less per commit
 
 
