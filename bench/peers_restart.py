@@ -386,6 +386,7 @@ def publisher_cmd(system: str, port: int, work: Path, args: argparse.Namespace) 
             "--broker", f"mqtt://127.0.0.1:{port}", "--client-id", "peers-pubcomp",
             "--protocol", "5" if args.protocol == 5 else "3.1.1", "--batch", "1",
             "--keepalive", "5", "--topic-prefix", "peers", "--exit-when-drained",
+            "--no-end-to-end",  # the QoS 2 hop, as the peers do it: no ingest here
         ]  # fmt: skip
     return [
         sys.executable, __file__, "--publisher", system, "--port", str(port),

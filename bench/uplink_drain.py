@@ -83,7 +83,7 @@ def pubcomp_drain(port: int, work: Path, n: int, batch: int) -> tuple[float, flo
         store,
         f"mqtt://127.0.0.1:{port}",
         ConnectOptions(f"bench-{batch}"),
-        UplinkConfig(batch=batch),
+        UplinkConfig(batch=batch, end_to_end=False),  # the hop to the broker, as paho
     )
     before = write_bytes()
     t0 = time.perf_counter()
@@ -139,6 +139,7 @@ def rss_of_pubcomp(port: int, work: Path, n: int) -> float:
         "--client-id",
         "bench-rss",
         "--exit-when-drained",
+        "--no-end-to-end",  # the hop to the broker, as paho's
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     summary = json.loads(out.strip().splitlines()[-1])

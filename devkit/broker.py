@@ -47,12 +47,21 @@ class Mosquitto:
         persistence: bool = False,
         port: int | None = None,
         extra_config: str = "",
+        max_queued_messages: int = 0,
+        users: dict[str, str] | None = None,
+        acl_file: Path | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.persistence = persistence
         self.port = port or free_port()
         self.extra_config = extra_config
+        # 0 (no limit) unless a test wants Mosquitto's own drop of an absent
+        # subscriber's queue (its default is 1,000).
+        self.max_queued_messages = max_queued_messages
+        # With users: no anonymous clients, a password file of these, and the ACL.
+        self.users = users
+        self.acl_file = acl_file
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.workdir / "mosquitto.log"
 
@@ -64,10 +73,10 @@ class Mosquitto:
         conf = self.workdir / "mosquitto.conf"
         lines = [
             f"listener {self.port} 127.0.0.1",
-            "allow_anonymous true",
+            *self._auth_lines(),
             f"user {getpass.getuser()}",
             # The checker must never be the one that drops messages.
-            "max_queued_messages 0",
+            f"max_queued_messages {self.max_queued_messages}",
             "max_queued_bytes 0",
             f"log_dest file {self.log_path}",
             "log_type error",
@@ -88,6 +97,19 @@ class Mosquitto:
             lines.append("persistence false")
         conf.write_text("\n".join(lines) + "\n" + self.extra_config)
         return conf
+
+    def _auth_lines(self) -> list[str]:
+        if self.users is None:
+            return ["allow_anonymous true"]
+        passwd = self.workdir / "passwd"
+        passwd.write_text("".join(f"{u}:{p}\n" for u, p in self.users.items()))
+        passwd.chmod(0o600)
+        # mosquitto_passwd -U hashes the plain passwords in place.
+        subprocess.run(["mosquitto_passwd", "-U", str(passwd)], check=True, capture_output=True)
+        lines = ["allow_anonymous false", f"password_file {passwd}"]
+        if self.acl_file is not None:
+            lines.append(f"acl_file {self.acl_file}")
+        return lines
 
     def start(self, timeout: float = 10.0) -> Mosquitto:
         assert self.proc is None or self.proc.poll() is not None, "already running"

@@ -26,7 +26,11 @@ def fill_store(path: Path, n: int, gateway: str = "gw1") -> set[str]:
         return {f"{gateway}/{store.epoch}/{seq}" for seq in seqs}
 
 
-def uplink_cmd(store: Path, url: str, *extra: str, client_id: str = "gw1") -> list[str]:
+def uplink_cmd(
+    store: Path, url: str, *extra: str, client_id: str = "gw1", end_to_end: bool = False
+) -> list[str]:
+    """The command line. ``end_to_end`` off unless asked: most tests here check the QoS 2
+    hop with a paho checker, and no ingest would ever say what landed."""
     return [
         sys.executable,
         "-m",
@@ -41,6 +45,7 @@ def uplink_cmd(store: Path, url: str, *extra: str, client_id: str = "gw1") -> li
         client_id,
         "--keepalive",
         "5",
+        *([] if end_to_end else ["--no-end-to-end"]),
         *extra,
     ]
 
@@ -52,6 +57,7 @@ def run_uplink(
     crash_at: str | None = None,
     marker: Path | None = None,
     timeout: float = 60,
+    end_to_end: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run the uplink to the end (``--exit-when-drained``) or to its crash point; with
     ``marker``, the crash point writes its name there before the kill."""
@@ -63,7 +69,7 @@ def run_uplink(
     if marker is not None:
         env["PUBCOMP_CRASH_MARKER"] = str(marker)
     return subprocess.run(
-        uplink_cmd(store, url, "--exit-when-drained", *extra),
+        uplink_cmd(store, url, "--exit-when-drained", *extra, end_to_end=end_to_end),
         env=env,
         capture_output=True,
         text=True,
@@ -71,10 +77,12 @@ def run_uplink(
     )
 
 
-def start_uplink(store: Path, url: str, *extra: str) -> subprocess.Popen[str]:
+def start_uplink(
+    store: Path, url: str, *extra: str, end_to_end: bool = False
+) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "PUBCOMP_CRASH_AT"}
     return subprocess.Popen(
-        uplink_cmd(store, url, *extra),
+        uplink_cmd(store, url, *extra, end_to_end=end_to_end),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

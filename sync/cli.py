@@ -37,7 +37,27 @@ def register(sub: Any) -> None:
     run.add_argument("--batch", type=int, default=100, help="readings per message")
     run.add_argument("--max-bytes", type=int, default=128 * 1024, help="payload bytes per message")
     run.add_argument("--keepalive", type=int, default=30)
-    run.add_argument("--exit-when-drained", action="store_true")
+    run.add_argument(
+        "--exit-when-drained",
+        action="store_true",
+        help="exit once everything is delivered (and, end to end, landed)",
+    )
+    run.add_argument(
+        "--no-end-to-end",
+        dest="end_to_end",
+        action="store_false",
+        help="let readings go at the broker's PUBCOMP (a cloud without pubcomp's ingest)",
+    )
+    run.add_argument(
+        "--landed-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a delivered message may wait for its landing before it is sent again",
+    )
+    run.add_argument(
+        "--landed-key-file",
+        help="file holding this gateway's acknowledgement key, hex (pubcomp ingest landed-key)",
+    )
     run.set_defaults(handler=_run("uplink_run"))
 
 

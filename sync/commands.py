@@ -18,7 +18,7 @@ from .packets import MQTT_5, MQTT_311
 from .running import run_until_stopped
 from .store import Reading, Store
 from .uplink import Uplink, UplinkConfig
-from .wire import GAUGE, KINDS, wire_time
+from .wire import GAUGE, KINDS, parse_key, wire_time
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +151,20 @@ def uplink_options(args: argparse.Namespace) -> ConnectOptions:
     )
 
 
+def read_landed_key(path: str) -> bytes:
+    return parse_key(Path(path).read_text(), path)
+
+
 def uplink_run(args: argparse.Namespace) -> int:
     store = _open_store(args)
     cfg = UplinkConfig(
-        topic_prefix=args.topic_prefix, qos=args.qos, batch=args.batch, max_bytes=args.max_bytes
+        topic_prefix=args.topic_prefix,
+        qos=args.qos,
+        batch=args.batch,
+        max_bytes=args.max_bytes,
+        end_to_end=args.end_to_end,
+        landed_timeout=args.landed_timeout,
+        landed_key=read_landed_key(args.landed_key_file) if args.landed_key_file else None,
     )
     uplink = Uplink(store, args.broker, uplink_options(args), cfg)
 

@@ -39,16 +39,21 @@ from .client import (
 )
 from .codec import ProtocolError
 from .degraded import DegradedDelivery
+from .endtoend import EndToEnd
 from .faults import crash_point
 from .groupcommit import GroupCommit
 from .packets import (
     MQTT_5,
     MQTT_311,
     Disconnect,
+    Puback,
     Pubcomp,
     Publish,
     Pubrec,
     Pubrel,
+    Suback,
+    Subscribe,
+    Subscription,
 )
 from .running import reconnecting
 from .session import (
@@ -64,7 +69,7 @@ from .session import (
     SenderSession,
     SessionError,
 )
-from .store import Message, Store, StoreUnwritable
+from .store import Message, Store, StoreFull, StoreUnwritable
 from .wire import encode_payload, payload_head
 
 log = logging.getLogger(__name__)
@@ -102,9 +107,21 @@ class UplinkConfig:
     # REFUSAL_BACKOFF_MAX while the broker goes on refusing); after this many refusals
     # of the same message it goes to the dead letters, like a permanent refusal.
     max_refusals: int = 10
+    # End to end (design rule 9, sync/endtoend.py): a message the broker completed stays
+    # in the store until the cloud ingest says it is landed; one not landed within
+    # ``landed_timeout`` is published again (the timeout doubling, up to
+    # ``landed_timeout_max``, while nothing lands). Off: PUBCOMP lets readings go, as a
+    # cloud without the acknowledgement (an older ingest, another consumer) needs.
+    end_to_end: bool = True
+    landed_timeout: float = 120.0
+    landed_timeout_max: float = 3600.0
+    # HMAC key of this gateway's acknowledgements (``pubcomp ingest landed-key``): with
+    # it, only an ingest holding the fleet's master key can make the gateway let go.
+    landed_key: bytes | None = None
 
 
 REFUSAL_BACKOFF = 0.5
+STORE_FULL_BACKOFF = 2.0  # no new PUBLISH for this long after the disk refused one's ids
 # The crash points (sync/faults.py) hit as a packet is read, before the session sees it.
 RECEIVED_CRASH_POINTS: dict[type, str] = {Pubrec: "pubrec_received", Pubcomp: "pubcomp_received"}
 REFUSAL_BACKOFF_MAX = 30.0
@@ -243,8 +260,21 @@ class Uplink:
             raise ValueError("uplink QoS must be 1 or 2")
         self.session_key = f"{self.url}#{options.client_id}"
         self.topic = f"{self.cfg.topic_prefix}/{store.gateway_id}/readings"
+        self.landed_topic = f"{self.cfg.topic_prefix}/{store.gateway_id}/landed/+"
         self.status = UplinkStatus()
-        self._head = payload_head(store.gateway_id)
+        self.e2e: EndToEnd | None = None
+        # The longest a payload's head can be (what a message's size is reckoned with).
+        self._head = payload_head(
+            store.gateway_id, (store.epoch, 2**63 - 1, 2**63 - 1) if self.cfg.end_to_end else None
+        )
+        if self.cfg.end_to_end:
+            self.e2e = EndToEnd(
+                store.gateway_id,
+                store.epoch,
+                timeout=self.cfg.landed_timeout,
+                timeout_max=self.cfg.landed_timeout_max,
+                key=self.cfg.landed_key,
+            )
         self._wakeup = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         # Called with the backlog found on each connection: the top of an outage's peak.
@@ -267,8 +297,12 @@ class Uplink:
                 self.commits.close()
                 await committer
 
-    async def commit(self, fn: Any, urgent: bool = True, frees: bool = False) -> Any:
-        """Run ``fn(db)`` in the next group commit and wait until it is durable."""
+    async def commit(self, fn: Any, urgent: bool = True, frees: bool = True) -> Any:
+        """Run ``fn(db)`` in the next group commit and wait until it is durable.
+
+        Everything the uplink commits is a session transition or a delivery, never new
+        data: on a full disk it may spend the store's reserve (``frees``), since what it
+        leads to (PUBCOMP, landing) frees room again."""
         within = None if urgent else self.cfg.linger
         return await self.commits.submit(fn, within=within, frees=frees)
 
@@ -345,6 +379,27 @@ class Uplink:
             "last_error_at": status.last_error_at,
             "last_error": self.status.last_error,
             "degraded": self.degraded.metrics(),
+            "end_to_end": self._end_to_end(st),
+        }
+
+    def _end_to_end(self, st: dict[str, Any]) -> dict[str, Any]:
+        """Delivered readings kept until the cloud has landed them (rule 9), or why not."""
+        e2e = self.e2e
+        if e2e is None:
+            return {"enabled": False}
+        c = st["counters"]
+        return {
+            "enabled": True,
+            "subscription": e2e.subscription,
+            "awaiting_landing": st["awaiting_landing"],
+            "awaiting_messages": st["awaiting_messages"],
+            "awaiting_age_s": st["awaiting_age_s"],
+            "landed": c.get("landed", 0),
+            "last_landed_at": e2e.landed_at,
+            "landed_timeout_s": e2e.timeout(),
+            "resent_not_landed": c.get("resent_not_landed", 0),
+            "dropped_awaiting": c.get("dropped_awaiting", 0),
+            "acks": dict(e2e.acks),
         }
 
     # ----------------------------------------------------------- internals
@@ -442,9 +497,11 @@ class Uplink:
             link = await self._resume(conn, present, receive_max, max_qos)
             backoff.reset()
             await link.resend()
+            await link.subscribe_landed()
             while not stop.is_set():
                 if not self.store.write_state.writable:  # another commit failed: a dying card
                     raise StoreUnwritable(self.store.write_state.text or "", "")
+                await link.resend_unlanded()
                 await link.fill_window()
                 if exit_when_drained and link.drained():
                     self.status.state = "drained"
@@ -471,7 +528,7 @@ class Uplink:
         try:
             while not out_of_time.is_set():
                 await link.fill_window()
-                if link.drained():
+                if link.delivered_all():
                     return
                 await link.read_acks(await self._recv_or_wakeup(conn, out_of_time, link))
         finally:
@@ -492,13 +549,28 @@ class Uplink:
         if self.opts.version == MQTT_311:
             # 3.1.1 has no Receive Maximum; 20 is Mosquitto's default inflight limit.
             session.receive_maximum = min(session.receive_maximum, 20)
-        if resume.lost:
-            key = self.session_key
-            n = await self.commit(lambda db: self.store.requeue_lost_in(db, key), frees=True)
+        e2e = self.e2e
+        if resume.lost or (e2e is not None and not present and self.store.awaiting_messages()):
+            # A broker without our session may have lost what it completed, too: what
+            # awaits landing goes out again at once (same reading ids; rule 9).
+            key, topic = self.session_key, self.topic
+
+            def requeue(db: Any) -> tuple[int, int]:
+                n = self.store.requeue_lost_in(db, key)
+                again = []
+                if e2e is not None:
+                    again = self.store.resend_awaiting_in(
+                        db, key, topic, landed=e2e.covers, counter="resent_after_session_loss"
+                    )
+                return n, len(again)
+
+            n, again = await self.commit(requeue, frees=True)
             log.warning(
-                "broker lost our session: %d messages (%d readings) re-queued with new ids",
+                "broker lost our session: %d messages in flight (%d readings) and %d "
+                "delivered but not landed re-queued with new ids",
                 len(resume.lost),
                 n,
+                again,
             )
             _, _, messages = self.store.load_session(self.session_key)
         qos = session.effective_qos(self.cfg.qos)
@@ -515,13 +587,17 @@ class Uplink:
         self.status.qos_in_use = qos
         return _Link(self, conn, session, messages, resume.resend, qos, max_bytes)
 
+    def is_landed_topic(self, topic: str) -> bool:
+        head = self.landed_topic[:-1]  # ".../landed/"
+        return topic.startswith(head) and "/" not in topic[len(head) :]
+
     async def _recv_or_wakeup(
         self, conn: Connection, stop: asyncio.Event, link: _Link
     ) -> list[Any]:
         """Wait for packets; return early on a stop, or when new readings could fill a free slot."""
         idle = not link.session.inflight
         timeout = self.cfg.idle_poll if idle else None
-        for left in (link.linger_left(), link.hold_left()):
+        for left in (link.linger_left(), link.hold_left(), link.landing_check_left()):
             if left is not None:
                 timeout = left if timeout is None else min(timeout, left)
         recv = asyncio.ensure_future(conn.recv(timeout))
@@ -566,6 +642,13 @@ class _Link:
         self.backed_up = False  # a full batch was waiting at the last fill
         self.refusals: dict[int, int] = {}  # per message (ord): refusals so far
         self.held_until = 0.0  # no new PUBLISH before this (monotonic): backing off
+        self.store_full = False  # the last fill found the disk full (logged once)
+        self.e2e = up.e2e
+        self.next_landing_check = time.monotonic()
+        if self.e2e is not None:
+            self.e2e.sent(self.store.sent_high_seq())
+            if self.e2e.epoch != self.store.epoch:  # the store was replaced under us
+                self.e2e.epoch = self.store.epoch
 
     def urgent(self) -> bool:
         """Commit the session's transitions at once (not lingering for company) while a
@@ -584,12 +667,66 @@ class _Link:
             return None
         return max(0.0, self.partial_since + self.up.cfg.linger - time.monotonic())
 
-    def drained(self) -> bool:
+    def delivered_all(self) -> bool:
+        """Nothing left to send."""
         return not self.live and not self.queued and not self.store.waiting_rows(self.cursor, 1)
+
+    def drained(self) -> bool:
+        """Nothing left to send; end to end, nothing left awaiting its landing either."""
+        if not self.delivered_all():
+            return False
+        return self.e2e is None or self.store.awaiting_messages() == 0
+
+    def landing_check_left(self) -> float | None:
+        """Seconds until the next look for messages not landed in time, or None."""
+        if self.e2e is None:
+            return None
+        return max(0.0, self.next_landing_check - time.monotonic())
+
+    async def subscribe_landed(self) -> None:
+        """Ask for the ingests' acknowledgements (retained: the newest arrive at once)."""
+        if self.e2e is None:
+            return
+        pid = self.session.allocate_control()
+        self.e2e.subscription = "requested"
+        await self.conn.send(Subscribe(pid, [Subscription(self.up.landed_topic, qos=1)]))
+
+    async def resend_unlanded(self) -> None:
+        """Messages delivered longer than the landing timeout ago and still not landed:
+        published again (rule 9), oldest first, after what is queued already."""
+        e2e = self.e2e
+        if e2e is None or time.monotonic() < self.next_landing_check:
+            return
+        self.next_landing_check = time.monotonic() + e2e.check_every()
+        timeout = e2e.timeout()
+        cutoff = time.time() - timeout
+        key, topic = self.key, self.up.topic
+        again: list[Message] = await self.up.commit(
+            lambda db: self.store.resend_awaiting_in(
+                db, key, topic, delivered_before=cutoff, landed=e2e.covers
+            ),
+            urgent=False,
+            frees=True,
+        )
+        if again:
+            e2e.resent()
+            self.queued.extend(again)
+            log.warning(
+                "%d delivered messages not landed within %.0f s: publishing them again "
+                "(the next round waits %.0f s unless something lands)",
+                len(again),
+                timeout,
+                e2e.timeout(),
+            )
 
     def payload_of(self, m: Message) -> bytes:
         bodies = self.store.bodies_between(m.first_seq, m.last_seq)
-        return encode_payload(self.store.gateway_id, bodies)
+        return self.encode(bodies, m.first_seq, m.last_seq)
+
+    def encode(self, bodies: list[bytes], first: int, last: int) -> bytes:
+        """A message's payload; end to end it names its seqs, for the acknowledgement."""
+        span = None if self.e2e is None else (self.store.epoch, first, last)
+        return encode_payload(self.store.gateway_id, bodies, span)
 
     async def resend(self) -> None:
         """MQTT-4.4.0-1 / 4.6.0-1: in-flight packets again, same ids, original order."""
@@ -607,34 +744,73 @@ class _Link:
     async def fill_window(self) -> None:
         """New PUBLISHes up to the send quota: re-queued messages first, then oldest readings."""
         if self.hold_left() is not None:
-            return  # the broker refused lately: nothing new until the back-off ends
+            return  # the broker refused lately, or the disk is full: not yet
+        cursor, popped = self.cursor, list[Message]()
+        try:
+            await self._fill(popped)
+        except StoreFull as exc:
+            # Full even for the reserve: nothing new goes out for a while; what is in
+            # flight goes on, and its completions free room (the reserve is made again).
+            self.cursor = cursor
+            for m in popped:
+                m.packet_id = None
+            self.queued.extendleft(reversed(popped))
+            self.held_until = time.monotonic() + STORE_FULL_BACKOFF
+            if not self.store_full:
+                log.warning("%s: no new messages until deliveries free room", exc)
+            self.store_full = True
+        else:
+            self.store_full = False
+
+    async def _fill(self, popped: list[Message]) -> None:
         quota = self.session.send_quota()
         fresh: list[tuple[Message, bytes]] = []
+        landed: list[int] = []
         while quota and self.queued:
             m = self.queued.popleft()
+            if self.e2e is not None and self.e2e.covers(m.first_seq, m.last_seq):
+                landed.append(m.ord)  # landed while it waited: nothing to send
+                continue
+            popped.append(m)
             m.packet_id = self.session.allocate(self.qos).packet_id
             m.qos = self.qos
             fresh.append((m, self.payload_of(m)))
             quota -= 1
         if quota:
-            batches, too_big = self._batches(quota)
+            batches, split = self._batches(quota)
             fresh += batches
-            if too_big is not None and not fresh:
-                # A row larger than the broker takes: split it (rare: a small Maximum
-                # Packet Size), then fill again.
+            if split is not None and not fresh:
+                # A row larger than a message may be: split it (rare: a small Maximum
+                # Packet Size, or uplink.batch below the rows' 100 readings), then fill
+                # again. Its readings keep their seqs, so their ids.
+                seq, most = split
                 room = self.max_bytes - len(self.up._head) - 2
-                await self.up.commit(lambda db: self.store.split_row_in(db, too_big, room), True)
-                return await self.fill_window()
+                await self.up.commit(
+                    lambda db: self.store.split_row_in(db, seq, room, most), True, frees=True
+                )
+                return await self._fill(popped)
+        if landed:
+            self.up.commits.submit(
+                lambda db: self.store.forget_queued_in(db, landed),
+                within=self.up.cfg.completion_delay,
+                frees=True,
+            )
         if not fresh:
             return
         msgs = [m for m, _ in fresh]
+        if self.e2e is not None:
+            self.e2e.sent(max(m.last_seq for m in msgs))
         # Rule 1: the packet ids are durable before the PUBLISHes are written. Until
         # that commit returns, the readings are claimed: no quota drop or clock
         # correction in the same group may change what these payloads carry.
         self.store.claimed_seq = self.cursor
         try:
+            # A session transition: on a full disk it may spend the reserve (frees), as
+            # the deliveries it leads to give the room back.
             ords = await self.up.commit(
-                lambda db: self.store.begin_messages_in(db, self.key, msgs), self.urgent()
+                lambda db: self.store.begin_messages_in(db, self.key, msgs),
+                self.urgent(),
+                frees=True,
             )
         except BaseException:
             for m in msgs:
@@ -650,10 +826,11 @@ class _Link:
         await self.conn.send(*(Publish(m.topic, p, m.qos, packet_id=m.packet_id) for m, p in fresh))
         crash_point("publish_written")
 
-    def _batches(self, quota: int) -> tuple[list[tuple[Message, bytes]], int | None]:
-        """New messages of whole outbox rows, oldest first, about ``batch`` readings each
-        (a row is never split between messages), and the seq of a row too large for the
-        broker's Maximum Packet Size on its own, if one stopped the filling."""
+    def _batches(self, quota: int) -> tuple[list[tuple[Message, bytes]], tuple[int, int] | None]:
+        """New messages of whole outbox rows, oldest first, at most ``batch`` readings and
+        ``max_bytes`` each (a row is never split between messages), and, if a row alone
+        is larger than that and stopped the filling, its seq and the readings a row may
+        hold: it must be split first."""
         batch, head = self.up.cfg.batch, len(self.up._head) + 2
         rows = self.store.waiting_rows(self.cursor, quota * batch)
         self.backed_up = sum(n for _, n, _ in rows) >= batch
@@ -675,38 +852,78 @@ class _Link:
                 seq, n, body = rows[i]
                 if bodies and (size + len(body) + 1 > self.max_bytes or count + n > batch):
                     break
-                if size + len(body) > self.max_bytes and n > 1:
-                    return out, seq  # alone, it is still too large: split it first
+                if (size + len(body) > self.max_bytes and n > 1) or n > batch:
+                    return out, (seq, batch)  # alone, it is still too large: split it first
                 bodies.append(body)
                 size, count, i = size + len(body) + 1, count + n, i + 1
             last = rows[i - 1][0] + rows[i - 1][1] - 1
             pid = self.session.allocate(self.qos).packet_id
             m = Message(0, pid, self.qos, OutState.QUEUED, self.up.topic, first, last)
-            out.append((m, encode_payload(self.store.gateway_id, bodies)))
+            out.append((m, self.encode(bodies, first, last)))
             self.cursor = last
         return out, None
 
     def _forgotten(self, _: asyncio.Future[int]) -> None:
         self.up._check_drained()
 
+    def _let_go(self, done: asyncio.Future[int]) -> None:
+        ok = not done.cancelled() and done.exception() is None
+        if self.e2e is not None and ok and done.result():
+            self.e2e.landed()
+
+    def _subscribed(self, pkt: Suback) -> None:
+        assert self.e2e is not None
+        code = pkt.reason_codes[0] if pkt.reason_codes else 0x80
+        if code >= 0x80:
+            self.e2e.subscription = f"refused {code:#04x}"
+            log.warning(
+                "the broker refused our subscription to %s (%#04x): no landed "
+                "acknowledgements will arrive, so delivered readings are kept and "
+                "published again after uplink.landed_timeout_s; check the broker's ACL",
+                self.up.landed_topic,
+                code,
+            )
+        else:
+            self.e2e.subscription = f"granted QoS {code}"
+
     async def read_acks(self, pkts: list[Any]) -> None:
         """Commit what the acknowledgements say in one transaction, then answer."""
         released: list[int] = []
         completed: list[int] = []
+        awaiting: list[int] = []
         refused: list[tuple[int, int, bool]] = []
         replies: list[Any] = []
+        landed: list[tuple[int, int]] = []
         status = self.up.status
+        e2e = self.e2e
         for pkt in pkts:
             point = RECEIVED_CRASH_POINTS.get(type(pkt))
             if point is not None:
                 crash_point(point)
+            if isinstance(pkt, Suback) and self.session.control_done(pkt.packet_id):
+                self._subscribed(pkt)
+                continue
+            if e2e is not None and isinstance(pkt, Publish) and self.up.is_landed_topic(pkt.topic):
+                ack = e2e.judge(pkt.payload)
+                if ack is not None:
+                    landed += ack.landed
+                if pkt.qos == 1 and pkt.packet_id is not None:
+                    # Nothing to commit first: the letting go is lazy, and the retained
+                    # acknowledgement comes again at the next subscription if it is lost.
+                    replies.append(Puback(pkt.packet_id))
+                elif pkt.qos == 2 and pkt.packet_id is not None:
+                    replies.append(Pubrec(pkt.packet_id))
+                continue
             out = self.session.receive(pkt)
             if isinstance(out, Released):
                 released.append(out.packet_id)
                 replies.append(out.reply)
             elif isinstance(out, Completed):
-                completed.append(out.packet_id)
                 m = self.live.pop(out.packet_id, None)
+                if e2e is not None and (m is None or not e2e.covers(m.first_seq, m.last_seq)):
+                    awaiting.append(out.packet_id)  # the broker has it; the cloud not yet
+                else:
+                    completed.append(out.packet_id)
                 if m is not None:  # delivered now, whenever its deletion is committed
                     self.refusals.pop(m.ord, None)
                     status.record_delivery(self.store.count_between(m.first_seq, m.last_seq))
@@ -737,23 +954,36 @@ class _Link:
                 log.debug("ignored: %s", out.why)
                 if out.answer is not None:
                     replies.append(out.answer)
-        if completed:
+        if completed or awaiting:
             # Lazily: it rides the next commit (or waits ``completion_delay``), because a
             # PUBREL resent after a crash only draws another PUBCOMP (design rule 3). The
             # ids are free at the broker already; a message given one of them later is
             # committed after this, since the group commit keeps the order of its ops.
             done = self.up.commits.submit(
-                lambda db: self.store.apply_in(db, self.key, completed=completed),
+                lambda db: self.store.apply_in(
+                    db, self.key, completed=completed, awaiting=awaiting
+                ),
                 within=self.up.cfg.completion_delay,
                 frees=True,
             )
             done.add_done_callback(self._forgotten)
+        if landed:
+            # Lazily too: until it is committed the readings are only kept a little
+            # longer; it runs after any awaiting move above (the group keeps order).
+            let_go = self.up.commits.submit(
+                lambda db: self.store.landed_in(db, landed),
+                within=self.up.cfg.completion_delay,
+                frees=True,
+            )
+            let_go.add_done_callback(self._let_go)
         if released or refused:
-            # Rule 2: a PUBREC is durable before its PUBREL goes out.
+            # Rule 2: a PUBREC is durable before its PUBREL goes out. A session
+            # transition: on a full disk it may spend the reserve, as the PUBCOMP it
+            # leads to frees room.
             await self.up.commit(
                 lambda db: self.store.apply_in(db, self.key, released=released, refused=refused),
                 self.urgent(),
-                frees=bool(refused),
+                frees=True,
             )
         if replies:
             await self.conn.send(*replies)

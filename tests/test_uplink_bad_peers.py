@@ -132,7 +132,7 @@ def run_uplink_against(
             store,
             f"mqtt://127.0.0.1:{port}",
             ConnectOptions("gw1", MQTT_5, keepalive=keepalive),
-            config or UplinkConfig(batch=10),
+            config or UplinkConfig(batch=10, end_to_end=False),
         )
         await asyncio.wait_for(up.run(exit_when_drained=True), timeout)
         broker.server.close()
@@ -258,7 +258,7 @@ def test_a_message_refused_again_and_again_backs_off_then_dead_letters(tmp_path:
 
     broker = FakeBroker(script)
     up, expected = run_uplink_against(
-        tmp_path, broker, n=50, config=UplinkConfig(batch=10, max_refusals=3)
+        tmp_path, broker, n=50, config=UplinkConfig(batch=10, max_refusals=3, end_to_end=False)
     )
     assert len(refused_at) == 3  # refused three times, then not sent again
     gaps = [b - a for a, b in itertools.pairwise(refused_at)]

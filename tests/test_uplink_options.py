@@ -179,7 +179,9 @@ def test_receive_maximum_is_never_exceeded_5_0_3_3_4_7(tmp_path: Path) -> None:
 
 def test_maximum_packet_size_is_honoured(tmp_path: Path) -> None:
     broker = FakeBroker(connack_props={"maximum_packet_size": 2048})
-    _, expected = run_uplink_against(tmp_path, broker, n=300, config=UplinkConfig(batch=100))
+    _, expected = run_uplink_against(
+        tmp_path, broker, n=300, config=UplinkConfig(batch=100, end_to_end=False)
+    )
     pubs = [p for p in broker.seen if isinstance(p, Publish)]
     assert max(len(p.payload) for p in pubs) <= 2048 - 512
     assert set(broker.delivered) == expected
@@ -243,7 +245,9 @@ def test_a_row_larger_than_the_broker_takes_is_split_and_sent_whole(tmp_path: Pa
         big = {f"gw1/{store.epoch}/{seq}" for seq in range(first, last + 1)}
         assert len(store.waiting_rows(0, 100)) == 1
     broker = FakeBroker(connack_props={"maximum_packet_size": 2048})
-    _, expected = run_uplink_against(tmp_path, broker, n=5, config=UplinkConfig(batch=100))
+    _, expected = run_uplink_against(
+        tmp_path, broker, n=5, config=UplinkConfig(batch=100, end_to_end=False)
+    )
     pubs = [p for p in broker.seen if isinstance(p, Publish)]
     assert len(pubs) > 5 and max(len(p.payload) for p in pubs) <= 2048 - 512
     assert set(broker.delivered) == expected | big

@@ -23,7 +23,9 @@ def test_frequent_wakeups_never_strand_a_message_in_flight(
     n = 3000
 
     async def main(store: Store) -> dict[str, object]:
-        uplink = Uplink(store, mosquitto.url, ConnectOptions("gw-wake"), UplinkConfig(batch=5))
+        uplink = Uplink(
+            store, mosquitto.url, ConnectOptions("gw-wake"), UplinkConfig(batch=5, end_to_end=False)
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(uplink.run(stop))
         for i in range(n):

@@ -69,7 +69,7 @@ def test_uplink_payloads_validate_and_dup_resend_is_byte_identical(tmp_path: Pat
                 store,
                 f"mqtt://127.0.0.1:{port}",
                 ConnectOptions("gw-7", MQTT_5),
-                UplinkConfig(batch=8),
+                UplinkConfig(batch=8, end_to_end=False),
             )
             await asyncio.wait_for(up.run(exit_when_drained=True), 30)
         broker.server.close()
