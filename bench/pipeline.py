@@ -99,8 +99,15 @@ def ingest_rate(tmp: Path, gateways: int, per_gateway: int) -> float:
             fill_store(tmp / f"gw{g}.db", per_gateway, gateway=f"gw{g}")
         t0 = time.monotonic()
         ups = [
+            # End to end on: the ingest acknowledges what it lands (issue 24), and an
+            # uplink is drained once all of its readings are landed.
             start_uplink(
-                tmp / f"gw{g}.db", broker.url, "--exit-when-drained", "--client-id", f"gw{g}"
+                tmp / f"gw{g}.db",
+                broker.url,
+                "--exit-when-drained",
+                "--client-id",
+                f"gw{g}",
+                end_to_end=True,
             )
             for g in range(gateways)
         ]

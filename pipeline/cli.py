@@ -30,7 +30,34 @@ def register(sub: Any) -> None:
     run.add_argument("--keepalive", type=int, default=30)
     run.add_argument("--roll-mb", type=float, default=64.0, help="roll landing files at this size")
     run.add_argument("--roll-s", type=float, default=60.0, help="roll landing files at this age")
+    run.add_argument(
+        "--no-landed-acks",
+        dest="landed_acks",
+        action="store_false",
+        help="do not tell gateways what is landed (they then keep it until uplink.landed_timeout)",
+    )
+    run.add_argument(
+        "--landed-key-file",
+        help="the fleet's master key, hex: each acknowledgement carries an HMAC under "
+        "the gateway's key derived from it (pubcomp ingest landed-key)",
+    )
+    run.add_argument(
+        "--ack-interval",
+        type=float,
+        default=1.0,
+        help="at most one landed acknowledgement per gateway this often (seconds)",
+    )
     run.set_defaults(handler=_run("ingest_run"))
+
+    key = isub.add_parser(
+        "landed-key", help="a gateway's acknowledgement key, from the fleet's master key"
+    )
+    key.add_argument("--master-key-file", required=True, help="the master key file (hex)")
+    key.add_argument("--gateway", required=True, help="the gateway id")
+    key.add_argument(
+        "--new-master", action="store_true", help="write a new random master key file first"
+    )
+    key.set_defaults(handler=_run("ingest_landed_key"))
 
     pipe = sub.add_parser("pipeline", help="the Spark jobs: dedup and rollups")
     psub = pipe.add_subparsers(dest="pipeline_command", metavar="ACTION", required=True)

@@ -6,10 +6,13 @@ import argparse
 import difflib
 import json
 import logging
+import os
+import secrets
 import sys
 from pathlib import Path
 
-from pubcomp.sync.commands import uplink_options
+from pubcomp.sync import wire
+from pubcomp.sync.commands import read_landed_key, uplink_options
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,9 @@ def ingest_run(args: argparse.Namespace) -> int:
         connections=args.connections,
         max_file_bytes=int(args.roll_mb * (1 << 20)),
         max_file_age_s=args.roll_s,
+        landed_acks=args.landed_acks,
+        landed_key=read_landed_key(args.landed_key_file) if args.landed_key_file else None,
+        ack_interval=args.ack_interval,
     )
     status = None
     if args.status_topic:  # the gateways' status messages, beside the readings
@@ -41,6 +47,20 @@ def ingest_run(args: argparse.Namespace) -> int:
             max_file_age_s=args.roll_s,
         )
     print(json.dumps(run(ingest, status)), flush=True)
+    return 0
+
+
+def ingest_landed_key(args: argparse.Namespace) -> int:
+    """Print the gateway's key (hex), for its ``uplink.landed_key`` secret file."""
+    master = Path(args.master_key_file)
+    if args.new_master:
+        if master.exists():
+            print(f"{master} exists: not overwritten", file=sys.stderr)
+            return 2
+        fd = os.open(master, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    print(wire.gateway_key(read_landed_key(str(master)), args.gateway).hex())
     return 0
 
 

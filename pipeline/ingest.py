@@ -64,6 +64,7 @@ from pubcomp.sync.running import cancel_all, reconnecting, run_until_stopped
 from pubcomp.sync.session import Deliver, Forget, Reack, ReceiverSession, Reply, message_digest
 from pubcomp.sync.store import StoreError, held_receive_ids
 
+from .landed import AckPublisher, Ledger, Span, span_of
 from .landing import RECEIVE_KEY, LandingWriter, rejection_line
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class _Group:
     rejected: list[bytes] = field(default_factory=list)
     packet_ids: list[int | None] = field(default_factory=list)  # its messages, for the crash marker
     sessions: set[str] = field(default_factory=set)
+    spans: list[Span] = field(default_factory=list)  # acknowledged once the group is durable
 
 
 class _Link:
@@ -137,6 +139,9 @@ class Ingest:
         connections: int = 1,
         max_file_bytes: int = 64 << 20,
         max_file_age_s: float = 60.0,
+        landed_acks: bool = True,
+        landed_key: bytes | None = None,
+        ack_interval: float = 1.0,
     ) -> None:
         self.url = BrokerURL.parse(broker)
         self.opts = options
@@ -171,6 +176,13 @@ class Ingest:
         self._wake = asyncio.Event()
         self._stopping = False
         self._committed = asyncio.Event()
+        # End to end (issue 24): what is landed is told to the gateways, after the fsync.
+        self.ledger = Ledger(ingest_name(options.client_id), interval=ack_interval)
+        self.acks = (
+            AckPublisher(broker, options, self.ledger, self.topic, master_key=landed_key)
+            if landed_acks
+            else None
+        )
 
     # ------------------------------------------------------------ state
 
@@ -233,6 +245,8 @@ class Ingest:
         links = [
             asyncio.create_task(self._connection_loop(stop, i)) for i in range(self.connections)
         ]
+        if self.acks is not None:
+            links.append(asyncio.create_task(self.acks.run(stop)))
         try:
             done, _ = await asyncio.wait([committer, *links], return_when=asyncio.FIRST_COMPLETED)
             if committer in done:
@@ -310,14 +324,25 @@ class Ingest:
             out = session.receive(pkt)
             if isinstance(out, Reack):
                 self.stats.repeats += 1
+                # Landed before (this run or, matched by its digest, the last): told
+                # again once the group that follows is durable, which covers it.
+                span = self._span(pkt) if self.acks is not None else None
+                if span is not None:
+                    group.spans.append(span)
                 self._hold(link, out.ack)
             elif isinstance(out, Deliver):
                 msg = out.publish
                 digest = message_digest(pkt) if msg.qos == 2 else None
                 record = {"session": key, "packet_id": msg.packet_id, "qos": msg.qos}
                 record["digest"] = digest
-                data, n, why = self._lines(msg, received, record)
-                if why is None:
+                data, n, why, span = self._lines(msg, received, record)
+                if span is not None:
+                    group.spans.append(span)
+                if why is None and span is not None and self.ledger.covers(span):
+                    # Every seq already landed (a gateway re-sent it, not having heard):
+                    # acknowledged, not written again.
+                    self.ledger.stats.already_landed += 1
+                elif why is None:
                     group.lines.append(data)
                     self.stats.messages += 1
                     self.stats.readings += n
@@ -368,6 +393,8 @@ class Ingest:
                 await asyncio.to_thread(self._write, group)
                 self.stats.commits += 1
                 self.stats.shared_commits += len(group.sessions) > 1
+            if group.spans:
+                self.ledger.add(group.spans, durable=True)
             if group.packet_ids:
                 ids = ",".join(str(p) for p in group.packet_ids)
                 crash_point("ingest_landed", f"PUBLISH x{len(group.packet_ids)} ids {ids}")
@@ -396,27 +423,36 @@ class Ingest:
 
     # ------------------------------------------------------------ payloads
 
+    def _span(self, pkt: Publish) -> Span | None:
+        try:
+            return span_of(pkt.topic, wire.loads(pkt.payload))
+        except (ValueError, UnicodeDecodeError):
+            return None
+
     def _lines(
         self, pkt: Publish, received: str, record: dict[str, Any]
-    ) -> tuple[bytes, int, tuple[str, str] | None]:
+    ) -> tuple[bytes, int, tuple[str, str] | None, Span | None]:
         """The message's landing lines (its receive record on the last), how many, or why
-        not: a reason (counted) and what exactly (kept in the rejection line)."""
+        not: a reason (counted) and what exactly (kept in the rejection line); and its
+        span of the gateway's store, if it names one (rejected or not, it is landed:
+        in ``_rejected``, where it stays for a person to look at)."""
         try:
             msg = wire.loads(pkt.payload)
         except (ValueError, UnicodeDecodeError) as exc:
-            return b"", 0, ("not_json", str(exc))
+            return b"", 0, ("not_json", str(exc)), None
+        span = span_of(pkt.topic, msg) if self.acks is not None else None
         if not _plainly_valid(msg):
             err = next(iter(self.validator.iter_errors(msg)), None)
             if err is not None:
                 where = "/".join(str(p) for p in err.absolute_path) or "(top)"
-                return b"", 0, ("schema", f"{where}: {err.message}")
+                return b"", 0, ("schema", f"{where}: {err.message}"), span
         gateway = msg["gateway"]
         readings = msg["readings"]
         for r in readings:
             r["gateway"] = gateway
             r["received"] = received
         readings[-1][RECEIVE_KEY] = record
-        return _json_lines(readings, received), len(readings), None
+        return _json_lines(readings, received), len(readings), None, span
 
 
 _dump = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -447,6 +483,7 @@ def _schema_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
 
 _ID, _TS = _schema_patterns()
 _TOP_KEYS = frozenset({"v", "gateway", "readings"})
+_TOP_KEYS_E2E = _TOP_KEYS | {"outbox"}
 _READING_KEYS = frozenset({"id", "origin", "sensor", "ts", "value", "unit", "flags"})
 _KINDED_KEYS = _READING_KEYS | {"kind"}  # a counter's or a total's (a gauge's says nothing)
 
@@ -458,7 +495,9 @@ def _plainly_valid(msg: Any) -> bool:
     than the schema: anything it does not recognise goes to the validator, which
     gives the verdict and the reason.
     """
-    if type(msg) is not dict or msg.keys() != _TOP_KEYS:
+    if type(msg) is not dict or (msg.keys() != _TOP_KEYS and msg.keys() != _TOP_KEYS_E2E):
+        return False
+    if "outbox" in msg and not _plain_outbox(msg["outbox"]):
         return False
     v, gateway, readings = msg["v"], msg["gateway"], msg["readings"]
     if type(v) is not int or v != 1 or type(gateway) is not str or not gateway:
@@ -491,6 +530,20 @@ def _plainly_valid(msg: Any) -> bool:
     return True
 
 
+def _plain_outbox(box: Any) -> bool:
+    if type(box) is not dict or box.keys() != {"epoch", "first", "last"}:
+        return False
+    epoch, first, last = box["epoch"], box["first"], box["last"]
+    if type(epoch) is not str or not 0 < len(epoch) <= 64:
+        return False
+    return type(first) is int and type(last) is int and first >= 1 and last < 2**63
+
+
+def ingest_name(client_id: str) -> str:
+    """The ingest's name in its acknowledgements' topic: its client id, made a topic level."""
+    return "".join("_" if c in "/+#\x00" else c for c in client_id)[:128] or "ingest"
+
+
 def run(ingest: Ingest, status: Any = None) -> dict[str, Any]:
     """Run until SIGTERM/SIGINT; returns the run's figures.
 
@@ -503,4 +556,5 @@ def run(ingest: Ingest, status: Any = None) -> dict[str, Any]:
     started = time.monotonic()
     run_until_stopped(work)
     extra = {"status": status.stats.as_dict()} if status else {}
+    extra["landed"] = ingest.ledger.stats.as_dict()
     return {**ingest.stats.as_dict(), **extra, "seconds": round(time.monotonic() - started, 1)}
