@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from pubcomp.sensors.registry import TYPES as SENSOR_TYPES
+from pubcomp.sync.wire import parse_key
 
 Pos = dict[tuple[Any, ...], int]  # key path -> 1-based line
 
@@ -72,12 +73,29 @@ class UplinkSection(_Model):
     # sent again under a new id after a back-off (0.5 s doubling to 30 s); after this
     # many refusals it goes to the dead letters (counted, in status and metrics).
     max_refusals: Annotated[int, Field(ge=1, le=1000)] = 10
+    # End to end (docs/architecture.md, rule 9): a reading the broker completed stays in
+    # the store until the cloud ingest says it is landed; one not landed within
+    # landed_timeout_s is published again (the wait doubling while nothing lands, up to
+    # an hour). false: readings go at the broker's PUBCOMP (a cloud without pubcomp's
+    # ingest); the status says so.
+    end_to_end: bool = True
+    landed_timeout_s: Annotated[float, Field(ge=1, le=3600)] = 120
+    # This gateway's acknowledgement key (64 hex digits, `pubcomp ingest landed-key`):
+    # with it, only an ingest holding the fleet's master key can make it let readings go.
+    landed_key: SecretStr | None = None
     keepalive: Annotated[int, Field(ge=0, le=65535)] = 30
     username: str | None = None
     password: SecretStr | None = None
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+
+    @field_validator("landed_key")
+    @classmethod
+    def _key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            parse_key(v.get_secret_value(), "landed_key")
+        return v
 
     @field_validator("broker")
     @classmethod

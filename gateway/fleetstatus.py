@@ -116,6 +116,7 @@ def status_message(
             "delivered": up["delivered"],
             "last_error": up.get("last_error_text") or up.get("last_error"),
             "last_error_at": _iso(up.get("last_error_at")),
+            **_landing(up.get("end_to_end") or {}),
         },
         "store": {
             "bytes": st["store_bytes"],
@@ -133,6 +134,16 @@ def status_message(
         },
         "sensors": sensors,
         "nodes": nodes,
+    }
+
+
+def _landing(e2e: dict[str, Any]) -> dict[str, Any]:
+    if not e2e.get("enabled"):
+        return {"end_to_end": False}
+    return {
+        "end_to_end": True,
+        "awaiting_landing": e2e["awaiting_landing"],
+        "awaiting_age_s": e2e["awaiting_age_s"],
     }
 
 
@@ -158,10 +169,16 @@ def change_key(snap: dict[str, Any]) -> tuple[Any, ...]:
     up, st, clk = snap["uplink"], snap["store"], snap["clock"]
     old = (up["oldest_age_s"] or 0) >= OLD_S
     quota = st["quota_bytes"]
+    e2e = up.get("end_to_end") or {}
+    # Delivered and not landed for a while: the cloud's side lags, and while it does the
+    # count is watched like the backlog's.
+    lagging = (e2e.get("awaiting_age_s") or 0) >= OLD_S
     return (
         up["state"],
         old,
         up["backlog"] if old or up["state"] != "connected" else None,
+        lagging,
+        e2e.get("awaiting_landing") if lagging else None,
         clk["source"],
         snap["healthy"],
         bool(quota and st["store_bytes"] >= QUOTA_WARN * quota),

@@ -39,6 +39,7 @@ class _Collector:
         if not s:
             return
         up, st, it, clk = s["uplink"], s["store"], s["intake"], s["clock"]
+        e2e = up.get("end_to_end") or {}
         if self.started is None:
             # Fixed once, so it changes only when the process does (``changes()`` counts restarts).
             # The exact start, not time - rounded uptime: that lands up to 0.1 s after the start.
@@ -62,6 +63,21 @@ class _Collector:
              up["drain_rate"]),
             (CounterMetricFamily, "uplink_delivered_readings", "readings the broker completed",
              up["delivered"]),
+            (GaugeMetricFamily, "end_to_end",
+             "1 while delivered readings are kept until the cloud ingest says they landed",
+             e2e.get("enabled", False)),
+            (GaugeMetricFamily, "awaiting_landing_readings",
+             "readings the broker completed that the cloud has not yet said it landed",
+             e2e.get("awaiting_landing")),
+            (GaugeMetricFamily, "awaiting_landing_age_seconds",
+             "age of the oldest delivered message not yet landed (NaN: none)",
+             e2e.get("awaiting_age_s")),
+            (CounterMetricFamily, "landed_readings",
+             "readings let go because the cloud ingest said they landed",
+             e2e.get("landed")),
+            (CounterMetricFamily, "resent_not_landed_readings",
+             "readings published again: not landed within uplink.landed_timeout_s",
+             e2e.get("resent_not_landed")),
             (GaugeMetricFamily, "dead_letter_readings",
              "readings the broker refused for good (or uplink.max_refusals times), kept aside",
              up["dead_letter"]),
@@ -122,6 +138,15 @@ class _Collector:
         for name, value in sorted(({"dropped_quota": 0} | st["counters"]).items()):
             events.add_metric([name], value)
         yield events
+        acks = CounterMetricFamily(
+            "pubcomp_landed_acks",
+            "landed acknowledgements by verdict (accepted; ignored: out_of_range, bad_hmac, "
+            "other_gateway, other_epoch, malformed)",
+            labels=["verdict"],
+        )
+        for verdict_, n in sorted(({"accepted": 0} | (e2e.get("acks") or {})).items()):
+            acks.add_metric([verdict_], n)
+        yield acks
         readings = CounterMetricFamily("pubcomp_sensor_readings", "readings", labels=["sensor"])
         faults = CounterMetricFamily("pubcomp_sensor_faults", "faults", labels=["sensor", "kind"])
         restarts = CounterMetricFamily("pubcomp_sensor_restarts", "restarts", labels=["sensor"])

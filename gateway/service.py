@@ -25,6 +25,7 @@ from pubcomp.sync.groupcommit import GroupCommit
 from pubcomp.sync.packets import MQTT_5, MQTT_311
 from pubcomp.sync.store import Store, StoreError
 from pubcomp.sync.uplink import Uplink, UplinkConfig
+from pubcomp.sync.wire import parse_key
 
 from ..sync.running import cancel_all, run_until_stopped
 from .clock import ClockWatch, correct_waiting, kernel_check
@@ -109,6 +110,9 @@ class Gateway:
                 linger=up.linger_ms / 1000,
                 drain_on_stop=up.drain_on_stop_s,
                 max_refusals=up.max_refusals,
+                end_to_end=up.end_to_end,
+                landed_timeout=up.landed_timeout_s,
+                landed_key=(parse_key(up.landed_key.get_secret_value()) if up.landed_key else None),
             ),
             commits=self.commits,
         )

@@ -19,6 +19,8 @@ EXIT_USAGE = 2  # bad arguments or fleet file (argparse uses 2 as well)
 EXIT_NOT_RUNNING = 3  # nothing answers on the health port
 EXIT_NOT_DELIVERING = 4  # running, but the uplink is down or stalled: readings wait on disk
 STALL_S = 60.0  # connected with messages in flight, and nothing delivered for this long
+# Delivered readings not landed in the cloud for this long are worth the headline.
+LANDING_LAG_S = 600.0
 
 
 def _age(t: float | None, now: float) -> str:
@@ -95,7 +97,15 @@ def verdict(snap: dict[str, Any]) -> tuple[str, str, int]:
             f"; the {drain['readings']:,} readings held were delivered "
             f"in {drain['seconds']:g} s (by {hms(drain['at'])})"
         )
-    return "ok", f"{head}; backlog {up['backlog']:,}", EXIT_OK
+    tail = f"; backlog {up['backlog']:,}"
+    e2e = up.get("end_to_end") or {}
+    age = e2e.get("awaiting_age_s")
+    if age is not None and age > LANDING_LAG_S:
+        tail += (
+            f"; {e2e['awaiting_landing']:,} delivered readings not yet landed in the cloud "
+            f"(oldest {duration(age)}): kept, and sent again"
+        )
+    return "ok", head + tail, EXIT_OK
 
 
 def last_error(up: dict[str, Any], now: float) -> str:
@@ -135,6 +145,7 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
         ("drain rate", f"{up['drain_rate']:,.1f} readings/s" if connected else "- (not connected)"),
         ("ETA", duration(eta) if eta is not None else "-"),
         ("delivered", f"{up['delivered']:,} readings since start"),
+        ("landing", landing(up.get("end_to_end") or {})),
         ("clock", f"{clk['source']}" + ("" if clk["synced"] else " (readings flagged unsynced)")),
         (
             "store",
@@ -145,6 +156,28 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
         ("flash", _flash(snap.get("flash"))),
         ("last error", last_error(up, now)),
     ]
+
+
+def landing(e2e: dict[str, Any]) -> str:
+    """End to end: what the broker has and the cloud has not yet said it landed."""
+    if not e2e.get("enabled"):
+        return (
+            "end to end OFF (uplink.end_to_end: false): readings go at the broker's PUBCOMP, "
+            "so a broker that loses them loses them"
+        )
+    n, age = e2e["awaiting_landing"], e2e["awaiting_age_s"]
+    text = f"{counted(n, 'reading')} delivered, awaiting landing"
+    if n and age is not None:
+        text += f", oldest {duration(age)}"
+    if e2e.get("resent_not_landed"):
+        text += f"; {e2e['resent_not_landed']:,} re-sent (not landed in time)"
+    sub = e2e.get("subscription", "")
+    if sub.startswith("refused"):
+        text += f"; acknowledgements REFUSED by the broker ({sub}): check its ACL"
+    refused = sum(v for k, v in (e2e.get("acks") or {}).items() if k != "accepted")
+    if refused:
+        text += f"; {refused:,} acknowledgements ignored (see the log)"
+    return text
 
 
 def _flash(f: dict[str, Any] | None) -> str:

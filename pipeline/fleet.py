@@ -78,6 +78,9 @@ class GatewayView:
     drain_rate: float | None = None
     eta_s: float | None = None
     delivered: int | None = None
+    end_to_end: bool | None = None  # None: a gateway from before issue 24 (it said nothing)
+    awaiting_landing: int | None = None
+    awaiting_age_s: float | None = None
     clock_source: str | None = None
     clock_synced: bool | None = None
     store_bytes: int | None = None
@@ -152,6 +155,8 @@ def view(
         up.get("eta_s"),
     )
     v.delivered = up.get("delivered")
+    v.end_to_end = up.get("end_to_end")
+    v.awaiting_landing, v.awaiting_age_s = up.get("awaiting_landing"), up.get("awaiting_age_s")
     v.clock_source, v.clock_synced = clk.get("source"), clk.get("synced")
     v.store_bytes, v.quota_bytes = st.get("bytes"), st.get("quota_bytes")
     v.disk_free_bytes = st.get("disk_free_bytes")
@@ -234,6 +239,7 @@ HEADER = [
     "backlog",
     "oldest",
     "drain/s",
+    "unlanded",
     "clock",
     "store",
     "disk free",
@@ -254,6 +260,7 @@ def row(v: GatewayView, j: Judgement, now: float) -> list[str]:
         "-" if v.backlog is None else f"{v.backlog:,}",
         duration(age) if age is not None else "-",
         "-" if v.drain_rate is None else f"{v.drain_rate:,.1f}",
+        unlanded(v),
         "-"
         if v.clock_source is None
         else ("synced" if v.clock_synced else "UNSYNCED") + f" ({v.clock_source})",
@@ -264,6 +271,18 @@ def row(v: GatewayView, j: Judgement, now: float) -> list[str]:
         v.version or "-",
         f"{duration(now - v.when)} ago" if v.when is not None else "-",
     ]
+
+
+def unlanded(v: GatewayView) -> str:
+    """Delivered to the broker, not yet landed in the cloud: how many, for how long."""
+    if v.end_to_end is None:
+        return "-"
+    if not v.end_to_end:
+        return "off"
+    n = v.awaiting_landing or 0
+    if n and v.awaiting_age_s is not None:
+        return f"{n:,} ({duration(v.awaiting_age_s)})"
+    return f"{n:,}"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
