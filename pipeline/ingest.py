@@ -551,7 +551,16 @@ def run(ingest: Ingest, status: Any = None) -> dict[str, Any]:
     run beside the readings' on its own connection and files."""
 
     async def work(stop: asyncio.Event) -> None:
-        await asyncio.gather(ingest.run(stop), *([status.run(stop)] if status else []))
+        # One fails, all stop (and the process exits, for systemd to restart it): a
+        # gather would let the status landing run on alone after the readings' writer
+        # died, and the ingest would look alive while it landed nothing.
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(ingest.run(stop))
+                if status is not None:
+                    tasks.create_task(status.run(stop))
+        except ExceptionGroup as group:
+            raise group.exceptions[0] from None
 
     started = time.monotonic()
     run_until_stopped(work)
