@@ -9,7 +9,9 @@ saves its whole database after each change).
 - intake: N node clients (paho-mqtt, one thread each) publish QoS 1 messages of R
   readings, one at a time, each waiting for its PUBACK (as the firmware does);
   readings/s acknowledged, PUBACK latency p50/p99, bytes the system wrote per
-  reading (/proc/PID/io). A cloud Mosquitto receives what both forward.
+  reading (/proc/PID/io). A cloud Mosquitto receives what both forward; a cloud
+  ``pubcomp ingest run`` lands what pubcomp delivers and acknowledges it, so the
+  gateway runs end to end (issue 24) as in the field.
 - in-process drivers: readings/s the intake commits from 10 producer tasks.
 - peak RSS of the gateway with 10 sensors, 20 connected nodes and a backlog of
   1,000,000 readings drained to the cloud, against the edge Mosquitto holding the
@@ -40,6 +42,7 @@ import paho.mqtt.client as mqtt  # noqa: E402
 import yaml  # noqa: E402
 
 from devkit.broker import Mosquitto, free_port  # noqa: E402
+from devkit.ingest_helpers import IngestProc  # noqa: E402
 from pubcomp.gateway.credentials import hash_password  # noqa: E402
 from pubcomp.gateway.intake import Intake  # noqa: E402
 from pubcomp.gateway.status import fetch as fetch_status  # noqa: E402
@@ -232,6 +235,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         cloud = Mosquitto(tmp / "cloud").start()
+        ingest = IngestProc(cloud.port, tmp / "landing", "bench-ingest").start()
         try:
             gw = GatewayRun(tmp / "a", cloud, args.nodes, sensors=0).start()
             assert gw.proc is not None
@@ -293,6 +297,7 @@ def main() -> int:
             rss_b = vm_hwm_mb(held.proc.pid)
             held.kill()
         finally:
+            ingest.stop()
             cloud.kill()
 
     print(f"gateway intake, {args.nodes} nodes x {args.per_msg} readings/message, QoS 1, "

@@ -2,7 +2,11 @@
 
 Systems, each between the same node publishers and the same cloud Mosquitto:
 
-- pubcomp: ``pubcomp gateway run`` (PUBACK after an fsynced group commit, QoS 2 uplink);
+- pubcomp: ``pubcomp gateway run`` (PUBACK after an fsynced group commit, QoS 2 uplink),
+  end to end: a cloud ``pubcomp ingest run`` lands what it delivers and says so, and
+  the gateway keeps each message until then (issue 24);
+- pubcomp-hop: the same with ``uplink.end_to_end: false`` (readings go at the broker's
+  PUBCOMP, as before issue 24): what end to end costs the card, in the same run;
 - bridge: Mosquitto 2 as the edge broker bridging ``nodes/#`` to the cloud, with
   ``persistence true`` and its defaults (saves every 30 minutes);
 - bridge-autosave: the same with ``autosave_on_changes true``, ``autosave_interval 1``.
@@ -25,7 +29,7 @@ Printed per shape and disk: readings/s acknowledged, PUBACK p50/p99, fsyncs per
 reading, bytes written per reading, GB written per day at that rate.
 
     python bench/wear.py [--shapes busy,fleet,bulk,burst,flood] [--disks plain,slow]
-                         [--systems pubcomp,bridge,bridge-autosave] [--seconds 15]
+                         [--systems pubcomp,pubcomp-hop,bridge,bridge-autosave] [--seconds 15]
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import paho.mqtt.client as mqtt  # noqa: E402
 
 from devkit.broker import Mosquitto  # noqa: E402
 from devkit.gateway_helpers import GatewayProc  # noqa: E402
+from devkit.ingest_helpers import IngestProc  # noqa: E402
 from devkit.powercut import PowerCutMount, fuse_missing  # noqa: E402
 from pubcomp.gateway.wear import process_write_bytes  # noqa: E402
 from pubcomp.sync.wire import wire_time  # noqa: E402
@@ -247,15 +252,19 @@ def summarise(system: str, nodes: list[Node], shape: Shape, elapsed: float) -> R
     )
 
 
-def run_pubcomp(tmp: Path, disk: Disk, cloud: Mosquitto, shape: Shape, seconds: float) -> Result:
-    (tmp / "pubcomp").mkdir(parents=True)
-    with disk.state_dir("pubcomp") as state:
+def run_pubcomp(
+    tmp: Path, disk: Disk, cloud: Mosquitto, shape: Shape, seconds: float, end_to_end: bool
+) -> Result:
+    name = "pubcomp" if end_to_end else "pubcomp-hop"
+    (tmp / name).mkdir(parents=True)
+    with disk.state_dir(name) as state:
+        uplink = {**SETTINGS.get("uplink", {}), "end_to_end": end_to_end}
         gw = GatewayProc(
-            tmp / "pubcomp",
+            tmp / name,
             cloud.port,
             gid="gw-wear",
             nodes={f"node-{i:02d}": PASSWORD for i in range(shape.nodes)},
-            extra={"ingress": {"max_messages_per_second": 100000}} | SETTINGS,
+            extra={"ingress": {"max_messages_per_second": 100000}} | SETTINGS | {"uplink": uplink},
         )
         gw.db = state / "gateway.db"
         gw.write()
@@ -267,7 +276,7 @@ def run_pubcomp(tmp: Path, disk: Disk, cloud: Mosquitto, shape: Shape, seconds: 
             f1, b1 = disk.counters(gw.proc.pid, gw.status()["flash"]["fsyncs"])
         finally:
             gw.terminate()
-    r = summarise("pubcomp", nodes, shape, elapsed)
+    r = summarise(name, nodes, shape, elapsed)
     r.fsyncs = None if f0 is None or f1 is None else f1 - f0
     r.bytes_written = b1 - b0
     return r
@@ -305,7 +314,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="busy,fleet,bulk,burst,flood")
     ap.add_argument("--disks", default="plain,slow")
-    ap.add_argument("--systems", default="pubcomp,bridge,bridge-autosave")
+    ap.add_argument("--systems", default="pubcomp,pubcomp-hop,bridge,bridge-autosave")
     ap.add_argument("--seconds", type=float, default=None, help="each run (default per shape)")
     ap.add_argument("--commit-delay-ms", type=float, help="pubcomp's store.commit_delay_ms")
     ap.add_argument("--commit-delay-max-ms", type=float, help="pubcomp's store.commit_delay_max_ms")
@@ -323,6 +332,9 @@ def main() -> None:
         disks.remove("slow")
     tmp = Path(tempfile.mkdtemp(prefix="pubcomp-wear-"))
     cloud = Mosquitto(tmp / "cloud").start()
+    # The cloud's ingest: lands what the gateway delivers and acknowledges it, as in the
+    # field; its landing zone is not on the disk measured.
+    ingest = IngestProc(cloud.port, tmp / "landing", "wear-ingest").start()
     try:
         for shape_name in args.shapes.split(","):
             shape = SHAPES[shape_name]
@@ -338,14 +350,16 @@ def main() -> None:
                 for system in args.systems.split(","):
                     run_dir = tmp / f"{shape.name}-{disk_kind}-{system}"
                     disk = Disk(disk_kind, run_dir)
-                    if system == "pubcomp":
-                        r = run_pubcomp(run_dir, disk, cloud, shape, seconds)
+                    if system in ("pubcomp", "pubcomp-hop"):
+                        e2e = system == "pubcomp"
+                        r = run_pubcomp(run_dir, disk, cloud, shape, seconds, e2e)
                     else:
                         r = run_bridge(
                             run_dir, disk, cloud, shape, seconds, system == "bridge-autosave"
                         )
                     print(r.row(), flush=True)
     finally:
+        ingest.stop()
         cloud.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
