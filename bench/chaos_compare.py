@@ -89,8 +89,8 @@ class CloudCounter:
         self.client.loop_start()
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
-        if msg.topic.endswith("/status"):  # a gateway's health (retained status), no readings
-            return
+        if msg.topic.endswith("/status") or "/landed/" in msg.topic:
+            return  # a gateway's health, the ingest's acknowledgements: no readings
         doc = json.loads(msg.payload)
         if "node" in doc:  # a node's own message, forwarded as is (the bridge)
             keys = [f"{doc['node']}/{doc['seq']}"]

@@ -55,6 +55,8 @@ class Checker:
         self._subscribed.set()
 
     def _on_message(self, client, userdata, msg):
+        if "/landed/" in msg.topic:
+            return  # the ingest's acknowledgements to a gateway: no readings
         try:
             readings = json.loads(msg.payload)["readings"]
             ids = [r["id"] for r in readings]
