@@ -6,10 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from pubcomp.sync.store import Reading, Store
+
+from . import hooked
 
 
 def fill_store(path: Path, n: int, gateway: str = "gw1") -> set[str]:
@@ -27,10 +28,8 @@ def fill_store(path: Path, n: int, gateway: str = "gw1") -> set[str]:
 
 
 def uplink_cmd(store: Path, url: str, *extra: str, client_id: str = "gw1") -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pubcomp",
+    """``pubcomp uplink run`` through devkit/hooked.py (crash points from the environment)."""
+    return hooked.command(
         "uplink",
         "run",
         "--store",
@@ -42,7 +41,7 @@ def uplink_cmd(store: Path, url: str, *extra: str, client_id: str = "gw1") -> li
         "--keepalive",
         "5",
         *extra,
-    ]
+    )
 
 
 def run_uplink(
