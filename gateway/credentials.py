@@ -9,7 +9,9 @@ rest by address, taking the addresses in turn and those that failed lately
 only when no other waits: a good node's check waits for at most the one
 already running. ``Throttle`` remembers failures per address and per user
 name in bounded tables; the ingress holds each refusal back by the delay it
-gives, which costs a sleeping coroutine, not another scrypt.
+gives (0.5 s, doubling every 3 recent failures, at most 5 s), and the
+address's next check waits as long: delay costs a sleeping coroutine, a
+check costs a scrypt.
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ def verify_password(password: str | bytes, hashed: str) -> bool:
     return hmac.compare_digest(got, base64.b64decode(digest))
 
 
-# An address (or user name) with this many recent failures has its checks run only when
-# no other address waits, and its refusals held back longer.
-PENALTY_FAILURES = 3.0
+# An address with three failures lately (the count decays: 2.5) has its checks run only
+# when no other address waits, and its logins give way to others' when the places are full.
+PENALISED_AT = 2.5
+DOUBLING_FAILURES = 3.0  # the refusal delay doubles every this many recent failures
 FAILURE_HALF_LIFE_S = 60.0
 REFUSAL_DELAY_S = 0.5  # the first refusal; doubling every 3 recent failures ...
 REFUSAL_DELAY_MAX_S = 5.0  # ... up to this (inside the ingress's 10 s login timeout)
@@ -80,6 +83,10 @@ class Decaying:
         value, at = got
         return value * 0.5 ** ((self._clock() - at) / self.half_life)
 
+    def last(self, key: str) -> tuple[float, float] | None:
+        """(the count when last added to, when): None if not kept."""
+        return self._counts.get(key)
+
     def add(self, key: str) -> float:
         value = self.get(key) + 1.0
         self._counts[key] = (value, self._clock())
@@ -96,6 +103,7 @@ class Throttle:
     """Recent failed logins per address and per user name (bounded), and what follows."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self.addresses = Decaying(clock=clock)
         self.users = Decaying(clock=clock)
 
@@ -104,10 +112,24 @@ class Throttle:
         worst = self.addresses.add(address)
         if user is not None:  # a known node's name (unknown names are not kept)
             worst = max(worst, self.users.add(user))
-        return min(REFUSAL_DELAY_MAX_S, REFUSAL_DELAY_S * 2 ** ((worst - 1) / PENALTY_FAILURES))
+        return delay(worst)
 
     def penalised(self, address: str) -> bool:
-        return self.addresses.get(address) >= PENALTY_FAILURES
+        return self.addresses.get(address) >= PENALISED_AT
+
+    def wait(self, address: str) -> float:
+        """How long a new check from ``address`` waits: until the delay its last failure
+        earned is over (its password checks come no faster than its refusals)."""
+        got = self.addresses.last(address)
+        if got is None:
+            return 0.0
+        failures, at = got
+        return max(0.0, at + delay(failures) - self._clock())
+
+
+def delay(failures: float) -> float:
+    """0.5 s for the first failure, doubling every DOUBLING_FAILURES, at most 5 s."""
+    return min(REFUSAL_DELAY_MAX_S, REFUSAL_DELAY_S * 2 ** ((failures - 1) / DOUBLING_FAILURES))
 
 
 _Job = tuple[Callable[[], bool], "asyncio.Future[bool]"]
@@ -160,6 +182,9 @@ class Verifier:
             self._bad.move_to_end(mac)
             self.answered_from_cache += 1
             return False
+        wait = self.throttle.wait(address)
+        if wait > 0:  # an address that failed lately: no new scrypt for it before then
+            await asyncio.sleep(wait)
         ok = await self._queued(address, lambda: verify_password(pw, hashed))
         if ok:
             self._known[(node, hashed)] = mac

@@ -90,7 +90,15 @@ SHOWN_NAME = 64  # characters of a refused user name in the log
 # The reasons counted (fixed: nothing a client sends becomes a key). Exported from 0.
 REFUSED_CONNECTION = ("max_connections", "max_pending_logins", "max_pending_logins_per_address")
 REFUSED_LOGIN = ("unknown_user", "no_password", "wrong_client_id", "bad_password")
-CLOSED = ("login_timeout", "protocol_error", "write_stalled", "control_flood", "internal_error")
+CLOSED = (
+    "login_timeout",
+    "protocol_error",
+    "write_stalled",
+    "control_flood",
+    "internal_error",
+    "refusal_cut_short",  # a held-back refusal closed early to make room (max_connections)
+    "evicted_for_a_login",  # a login from a penalised address, for one from another
+)
 
 # A packet's replies, sent at once or once the commit it waits for has returned, and
 # whether it is a PUBLISH (its place in the receive window) or another packet.
@@ -100,6 +108,16 @@ Queued = tuple[Reply, bool]
 
 class _Stalled(Exception):
     """The peer read nothing for write_timeout_s: closed."""
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One admitted connection, as the limits see it."""
+
+    address: str
+    task: asyncio.Task[None] | None = None
+    open: bool = True  # counted in Ingress.open
+    logging_in: bool = True  # counted among the pending logins
 
 
 @dataclass
@@ -198,6 +216,8 @@ class Ingress:
         self.open = 0
         self.pending_logins = 0
         self._pending_by_address: collections.Counter[str] = collections.Counter()
+        self._logging_in: dict[_Conn, None] = {}  # oldest first
+        self._refusing: dict[_Conn, None] = {}  # refusals held back, oldest first
 
     async def start(self) -> int:
         """Bind every listener; the first one's port (``listeners`` has them all)."""
@@ -267,17 +287,31 @@ class Ingress:
 
     def _accept(self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         """Called as the connection is made: within the limits it gets a task; over one,
-        it is closed here and counted, which costs no task, no read and no log line."""
+        it is closed here and counted, which costs no task, no read and no log line.
+
+        Two kinds of connection give way to a newcomer rather than turn it away: a
+        refusal being held back (its answer is known; at max_connections), and a login
+        from an address that failed lately, for one from an address that did not (at
+        max_pending_logins): a guesser on many addresses cannot keep every place."""
         peer = w.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        refused = ""
         if self.open >= self.cfg.max_connections:
-            refused = "max_connections"
-        elif self.pending_logins >= self.cfg.max_pending_logins:
-            refused = "max_pending_logins"
-        elif self._pending_by_address[address] >= self.cfg.max_pending_logins_per_address:
+            victim = next(iter(self._refusing), None)
+            if victim is None:
+                refused = "max_connections"
+            else:
+                self._evict(victim, "refusal_cut_short")
+        if not refused and self.pending_logins >= self.cfg.max_pending_logins:
+            victim = self._penalised_login(address)
+            if victim is None:
+                refused = "max_pending_logins"
+            else:
+                self._evict(victim, "evicted_for_a_login")
+        if not refused and (
+            self._pending_by_address[address] >= self.cfg.max_pending_logins_per_address
+        ):
             refused = "max_pending_logins_per_address"
-        else:
-            refused = ""
         if refused:
             self.refused_connections[refused] += 1
             w.transport.abort()
@@ -286,41 +320,65 @@ class Ingress:
                 "ingress: refused a connection from %s: %s", address, refused,
             )  # fmt: skip
             return
+        conn = _Conn(address)
         self.open += 1
         self.pending_logins += 1
         self._pending_by_address[address] += 1
+        self._logging_in[conn] = None
         w.transport.set_write_buffer_limits(high=WRITE_HIGH)
-        task = asyncio.ensure_future(self._on_listener(ls, r, w, address))
+        task = conn.task = asyncio.ensure_future(self._on_listener(ls, r, w, conn))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _logged_in(self, address: str, pending: list[bool]) -> None:
+    def _penalised_login(self, address: str) -> _Conn | None:
+        """The oldest login under way from an address that failed lately, if ``address``
+        did not (at most max_pending_logins to look through)."""
+        throttle = self._verifier.throttle
+        if throttle.penalised(address):
+            return None
+        return next((c for c in self._logging_in if throttle.penalised(c.address)), None)
+
+    def _evict(self, conn: _Conn, why: str) -> None:
+        self.closed[why] += 1
+        self._logged_in(conn)
+        self._refusing.pop(conn, None)
+        self._closed(conn)
+        if conn.task is not None:
+            conn.task.cancel()  # its finally closes the socket
+
+    def _logged_in(self, conn: _Conn) -> None:
         """Free the connection's place among those logging in (once)."""
-        if pending[0]:
-            pending[0] = False
+        if conn.logging_in:
+            conn.logging_in = False
+            del self._logging_in[conn]
             self.pending_logins -= 1
-            self._pending_by_address[address] -= 1
-            if self._pending_by_address[address] <= 0:
-                del self._pending_by_address[address]
+            self._pending_by_address[conn.address] -= 1
+            if self._pending_by_address[conn.address] <= 0:
+                del self._pending_by_address[conn.address]
+
+    def _closed(self, conn: _Conn) -> None:
+        if conn.open:
+            conn.open = False
+            self.open -= 1
 
     async def _on_listener(
-        self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter, address: str
+        self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter, conn: _Conn
     ) -> None:
         ls.accepted += 1
         ls.open += 1
-        pending = [True]
         try:
-            await self._connection(ls, r, w, address, pending)
+            await self._connection(ls, r, w, conn)
         except Exception as exc:  # nothing escapes a connection's task unlogged
             self.closed["internal_error"] += 1
             self.events.log(
                 log, logging.ERROR, ("internal_error", type(exc).__name__),
-                "ingress: connection from %s failed: %r", address, exc, exc_info=True,
+                "ingress: connection from %s failed: %r", conn.address, exc, exc_info=True,
             )  # fmt: skip
         finally:
             ls.open -= 1
-            self.open -= 1
-            self._logged_in(address, pending)
+            self._closed(conn)
+            self._logged_in(conn)
+            self._refusing.pop(conn, None)
             if w.transport.get_write_buffer_size():
                 w.transport.abort()  # a peer that reads nothing would hold the socket open
             else:
@@ -329,13 +387,9 @@ class Ingress:
     # ------------------------------------------------------------ a node
 
     async def _connection(
-        self,
-        ls: Listener,
-        r: asyncio.StreamReader,
-        w: asyncio.StreamWriter,
-        address: str,
-        pending: list[bool],
+        self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter, conn: _Conn
     ) -> None:
+        address = conn.address
         dec = Decoder(None, CONNECT_MAX_BYTES)
         node: str | None = None
         try:
@@ -344,13 +398,13 @@ class Ingress:
                     if ls.tls and not await self._handshake(ls, w, address):
                         return
                     connect, first = await self._first_packet(r, dec)
-                    node = await self._authenticate(connect, w, dec.version or MQTT_5, address)
+                    node = await self._authenticate(connect, w, dec.version or MQTT_5, conn)
             except TimeoutError:
                 self.closed["login_timeout"] += 1
                 return
             if node is None:
                 return
-            self._logged_in(address, pending)
+            self._logged_in(conn)
             dec.max_packet_size = self.cfg.max_payload_bytes + HEADROOM
             await self._serve(node, connect, dec, first, r, w)
         except ProtocolError as exc:
@@ -426,8 +480,9 @@ class Ingress:
                 return first, pkts[1:]
 
     async def _authenticate(
-        self, c: Connect, w: asyncio.StreamWriter, version: int, address: str
+        self, c: Connect, w: asyncio.StreamWriter, version: int, conn: _Conn
     ) -> str | None:
+        address = conn.address
         node = c.username or ""
         known = self.node_hashes.get(node)
         if known is None:
@@ -448,10 +503,16 @@ class Ingress:
             log, logging.WARNING, ("login", refused),
             "ingress: refused a login from %s: %s (user %r)", address, refused, shown,
         )  # fmt: skip
-        # Held back rather than answered at once: a guesser waits, and its next guess
-        # costs no scrypt until then. A sleeping task is all it costs (within the login
-        # timeout, under the limits on connections logging in).
-        await asyncio.sleep(self._verifier.throttle.failed(address, node if known else None))
+        # Held back rather than answered at once, and its address's next password check
+        # waits as long (Verifier.verify): a guesser gets no more scrypt than one check per
+        # delay. A sleeping task is all a held refusal costs (within the login timeout); it
+        # no longer holds a place among the logins, and gives up its place among the
+        # connections to a newcomer (_accept).
+        delay = self._verifier.throttle.failed(address, node if known else None)
+        self._logged_in(conn)
+        self._refusing[conn] = None
+        await asyncio.sleep(delay)
+        self._refusing.pop(conn, None)
         code = Reason.BAD_USER_NAME_OR_PASSWORD if version == MQTT_5 else 4
         w.write(encode(Connack(False, code), version))
         await w.drain()
