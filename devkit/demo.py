@@ -158,7 +158,7 @@ class Demo:
             "PUBCOMP_DEMO_HEALTH_PORT": str(self.health_port),
             "PUBCOMP_DEMO_W1": str(self.out / "w1"),
             "PUBCOMP_DEMO_PMS_PORT": bench.pms_port,
-            commitlog.ENV: str(self.out / "commits.jsonl"),
+            "PUBCOMP_DEMO_COMMIT_LOG": str(self.out / "commits.jsonl"),  # store.commit_log
         }
         self.start_ingest()
         self.start_gateway()

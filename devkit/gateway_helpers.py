@@ -6,7 +6,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from pubcomp.gateway.credentials import hash_password
 from pubcomp.gateway.status import fetch as fetch_status
 from pubcomp.sync.wire import wire_time
 
+from . import hooked
 from .broker import free_port
 from .procs import track
 
@@ -64,7 +64,9 @@ class GatewayProc:
         self.fleet.write_text(yaml.safe_dump({"fleet": "e2e", "gateways": {self.gid: gw}}))
 
     def start(self, env: dict[str, str] | None = None, wait: bool = True) -> GatewayProc:
-        cmd = [sys.executable, "-m", "pubcomp", "gateway", "run", "--config", str(self.fleet)]
+        # Through devkit/hooked.py: the hooks in ``env`` (crash points, a forced clock
+        # state) act only there, never in the product (issue 25).
+        cmd = hooked.command("gateway", "run", "--config", str(self.fleet))
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(
                 [*cmd, "--gateway", self.gid],

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from pubcomp.pipeline.audit import landed
 
+from . import hooked
 from .procs import track
 
 __all__ = ["IngestProc", "landed", "rejected"]
@@ -34,7 +34,7 @@ class IngestProc:
         mark = f"run {self.runs}\n"
         with self.log.open("a") as f:
             f.write(mark)
-        cmd = [sys.executable, "-m", "pubcomp", "-v", "ingest", "run"]
+        cmd = hooked.command("-v", "ingest", "run")  # crash points act only through it
         cmd += ["--broker", f"mqtt://127.0.0.1:{self.port}", "--client-id", self.client_id]
         cmd += ["--landing", str(self.landing), "--roll-s", "0.5", "--keepalive", "5"]
         with self.log.open("a") as f:

@@ -6,10 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from pubcomp.sync.store import Reading, Store
+
+from . import hooked
 
 
 def fill_store(path: Path, n: int, gateway: str = "gw1") -> set[str]:
@@ -29,12 +30,10 @@ def fill_store(path: Path, n: int, gateway: str = "gw1") -> set[str]:
 def uplink_cmd(
     store: Path, url: str, *extra: str, client_id: str = "gw1", end_to_end: bool = False
 ) -> list[str]:
-    """The command line. ``end_to_end`` off unless asked: most tests here check the QoS 2
-    hop with a paho checker, and no ingest would ever say what landed."""
-    return [
-        sys.executable,
-        "-m",
-        "pubcomp",
+    """``pubcomp uplink run`` through devkit/hooked.py (crash points from the environment).
+    ``end_to_end`` off unless asked: most tests here check the QoS 2 hop with a paho
+    checker, and no ingest would ever say what landed."""
+    return hooked.command(
         "uplink",
         "run",
         "--store",
@@ -47,7 +46,7 @@ def uplink_cmd(
         "5",
         *([] if end_to_end else ["--no-end-to-end"]),
         *extra,
-    ]
+    )
 
 
 def run_uplink(

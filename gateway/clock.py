@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -61,17 +60,25 @@ def kernel_synced() -> bool | None:
     return state != TIME_ERROR
 
 
-# Overrides what the kernel says: tests run several gateways on one machine, some
-# synced and some not; a container's adjtimex reports its host's state.
-KERNEL_OVERRIDE_ENV = "PUBCOMP_CLOCK_KERNEL"
+# Replaces what the kernel says, for tests only: they run several gateways on one machine,
+# some synced and some not. Set by devkit/hooked.py (PUBCOMP_CLOCK_KERNEL), never by the
+# product or its environment (issue 25).
+_forced: bool | None = None
+
+
+def force_kernel_state(synced: bool | None) -> None:
+    """Make ``kernel_check`` say ``synced`` whatever the kernel says (None: ask it again)."""
+    global _forced
+    _forced = synced
 
 
 def kernel_check() -> Callable[[], bool | None]:
-    """``kernel_synced``, unless ``PUBCOMP_CLOCK_KERNEL`` is ``synced`` or ``unsynced``."""
-    forced = os.environ.get(KERNEL_OVERRIDE_ENV, "").strip().lower()
-    if forced in ("synced", "unsynced"):
-        log.warning("%s=%s: the kernel's clock state is not asked", KERNEL_OVERRIDE_ENV, forced)
-        return lambda: forced == "synced"
+    """``kernel_synced``, unless a test forced the answer (``force_kernel_state``)."""
+    forced = _forced
+    if forced is not None:
+        log.warning("the kernel's clock state is not asked: forced %s by a test hook",
+                    "synced" if forced else "unsynced")  # fmt: skip
+        return lambda: forced
     return kernel_synced
 
 

@@ -1,4 +1,4 @@
-"""An audit trail of committed sensor readings, outside the store (``PUBCOMP_COMMIT_LOG``).
+"""An audit trail of committed sensor readings, outside the store (``store.commit_log``).
 
 Sensors have nobody to acknowledge to, so "no committed reading is lost" needs
 a witness that is not the store itself: after each commit returns, one JSON
@@ -6,6 +6,10 @@ line per sensor reading (origin, sensor, ts, value) is appended to this file.
 It is written after the fsync it reports, never before, and is not itself
 fsynced (a line missing after a crash only means the check knows less). The
 power-cut tests and the demo compare it with what the pipeline delivered.
+
+It is a fleet-file option (``store.commit_log: PATH``), not an environment
+variable: until issue 25, ``PUBCOMP_COMMIT_LOG`` in the service's environment
+turned it on, so a variable meant for a test acted in the installed product.
 """
 
 from __future__ import annotations
@@ -18,17 +22,13 @@ from pathlib import Path
 
 from pubcomp.sync.store import Reading
 
-ENV = "PUBCOMP_COMMIT_LOG"
-
 
 class CommitLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: str | Path) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    @classmethod
-    def from_env(cls) -> CommitLog | None:
-        path = os.environ.get(ENV)
-        return cls(Path(path)) if path else None
+    def close(self) -> None:
+        os.close(self.fd)
 
     def __call__(self, readings: Sequence[Reading], gateway: str) -> None:
         lines = [

@@ -119,6 +119,9 @@ class StoreSection(_Model):
     sensor_delay_ms: Annotated[float, Field(ge=0, le=60_000)] = 1000
     # The card's rated endurance, for the projected life on the status page.
     flash_endurance_tbw: Annotated[float, Field(gt=0)] = 10.0
+    # An audit trail: one JSON line per committed sensor reading, appended after its
+    # commit (gateway/commitlog.py; docs/operations.md). Unset: none. It grows unbounded.
+    commit_log: str | None = None
 
 
 class IngressSection(_Model):
@@ -144,6 +147,25 @@ class IngressSection(_Model):
     max_payload_bytes: Annotated[int, Field(ge=64)] = 64 * 1024
     max_readings_per_message: Annotated[int, Field(ge=1)] = 500
     max_messages_per_second: Annotated[float, Field(gt=0)] = 50.0
+    # What one client may cost (docs/failure-model.md, "Hostile clients"). Connections
+    # over a limit are closed at once and counted (pubcomp_ingress_refused_connections_total),
+    # never logged one by one. max_connections plus 256 must fit the process's file
+    # descriptor limit (the unit's LimitNOFILE=1024): the gateway checks at start.
+    max_connections: Annotated[int, Field(ge=1, le=65_000)] = 256
+    # Connections not yet logged in (TLS handshake, CONNECT, password check: 10 s at most).
+    max_pending_logins: Annotated[int, Field(ge=1)] = 64
+    max_pending_logins_per_address: Annotated[int, Field(ge=1)] = 8
+    # A client that reads nothing of what the gateway sends it for this long is closed.
+    write_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+
+    @model_validator(mode="after")
+    def _limits(self) -> IngressSection:
+        if self.max_pending_logins > self.max_connections:
+            raise ValueError(
+                f"max_pending_logins {self.max_pending_logins} is more than "
+                f"max_connections {self.max_connections}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls(self) -> IngressSection:

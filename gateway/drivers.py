@@ -19,7 +19,7 @@ from typing import Any
 
 from pubcomp.sensors.api import ClockFix, Driver, SensorFault, SensorReading
 from pubcomp.sensors.pins import PinFactory
-from pubcomp.sensors.pins.simulated import SimulatedFactory
+from pubcomp.sensors.pins.simulated import SIMULATED, SimulatedFactory
 from pubcomp.sensors.pulse import PulseCounter
 from pubcomp.sensors.registry import build
 from pubcomp.sync.client import Backoff
@@ -77,10 +77,13 @@ class IntakeSink:
         self.watch, self.status, self.on_clock = clock, status, on_clock
         self.intake = intake
         self.driver: Driver | None = None
+        self.simulated = False  # its pins are gpio: simulated's: every reading says so
 
     def reading(self, r: SensorReading) -> None:
         ts, flags = self.watch.stamp(r.mono)
         flags = (*flags, *r.flags)
+        if self.simulated and SIMULATED not in flags:
+            flags = (*flags, SIMULATED)
         self.intake.add(Reading(r.sensor, r.value, ts, r.unit, None, flags, kind=r.kind))
         self.status.readings += 1
         self.status.last[r.sensor] = (r.value, r.unit, ts)
@@ -149,6 +152,10 @@ class Drivers:
                 if driver is None:
                     driver = self.drivers[cfg.id] = self._build(cfg)
                 sink.driver = driver
+                sink.simulated = isinstance(self._gpio, SimulatedFactory) and cfg.type in (
+                    "pulse",
+                    "digital",
+                )
                 status.state = "running"
                 await driver.run(sink)
                 raise RuntimeError("driver stopped on its own")

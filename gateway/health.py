@@ -21,6 +21,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
+from .ingress import CLOSED, REFUSED_CONNECTION, REFUSED_LOGIN
+
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], Awaitable[dict[str, Any]]]
@@ -186,6 +188,44 @@ class _Collector:
             if d["tls"]:
                 bad.add_metric(lv, d["tls_failures"])
         yield from (acc, opn, bad)
+        yield from _ingress_limits(s.get("ingress"))
+        m = CounterMetricFamily(
+            "pubcomp_log_lines_suppressed",
+            "log lines not written: repeats of an event within a minute, summarised",
+        )
+        m.add_metric([], s.get("log_lines_suppressed", 0))
+        yield m
+
+
+def _ingress_limits(ing: dict[str, Any] | None) -> Iterable[Metric]:
+    """What clients were refused or cut off for (issue 25), by reason, from 0."""
+    if ing is None:
+        return
+    for name, doc, reasons, counts in (
+        ("refused_connections", "connections closed at accept: over a limit",
+         REFUSED_CONNECTION, ing["refused_connections"]),
+        ("refused_logins", "logins refused (CONNACK 4 / 0x86), by reason",
+         REFUSED_LOGIN, ing["refused_logins"]),
+        ("closed_connections", "connections the gateway ended: timeouts, floods, stalls, errors",
+         CLOSED, ing["closed"]),
+    ):  # fmt: skip
+        fam = CounterMetricFamily(f"pubcomp_ingress_{name}", doc, labels=["reason"])
+        for reason, n in sorted(({r: 0 for r in reasons} | counts).items()):
+            fam.add_metric([reason], n)
+        yield fam
+    for family, name, doc, value in (
+        (GaugeMetricFamily, "pending_logins", "connections not yet logged in",
+         ing["pending_logins"]),
+        (CounterMetricFamily, "password_checks", "scrypt checks run", ing["password_checks"]),
+        (GaugeMetricFamily, "password_checks_waiting", "scrypt checks queued",
+         ing["password_checks_waiting"]),
+        (CounterMetricFamily, "wrong_passwords_from_cache",
+         "wrong passwords seen before, refused without a scrypt check",
+         ing["wrong_passwords_from_cache"]),
+    ):  # fmt: skip
+        m = family(f"pubcomp_ingress_{name}", doc)
+        m.add_metric([], value)
+        yield m
 
 
 class HealthServer:

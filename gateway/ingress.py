@@ -12,6 +12,18 @@ readings, so a repeated PUBLISH (a QoS 1 retry, a QoS 2 DUP, a retry after a
 gateway crash) is acknowledged and never stored twice. That makes QoS 2
 packet-id state redundant here: it is kept in memory only (see
 docs/architecture.md).
+
+What one client may cost is bounded (issue 25; docs/failure-model.md, "Hostile
+clients"): connections in all and not yet logged in (in all and per address),
+each refused at accept with one counter and no log line; the 10 s login
+timeout covers TLS, CONNECT and the password check; a CONNECT of at most 4 kB;
+per connection, at most ``RECEIVE_MAXIMUM`` PUBLISHes and ``MAX_UNANSWERED``
+other packets whose replies are not yet written (the reader stops reading
+until the writer catches up), other packets at the PUBLISH rate plus 10 a
+second (a flood closes the connection), at most ``READ_LIMIT`` bytes read
+ahead and ``WRITE_HIGH`` bytes waiting to be sent, for ``write_timeout_s`` at
+most (a peer that reads nothing is closed). Anything that goes wrong in a
+connection is counted and logged, summarised (ratelog.py).
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import collections
 import contextlib
 import functools
 import logging
+import resource
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -56,15 +69,55 @@ from pubcomp.sync.store import Reading, StoreFull, StoreUnwritable
 from .config import IngressSection
 from .credentials import Verifier
 from .intake import Intake
+from .ratelog import Summary
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 10.0  # accept to CONNACK: TLS, the CONNECT and the password check
+CONNECT_MAX_BYTES = 4096  # a node's CONNECT is ~100 bytes; user names of 64 kB are garbage
 RECEIVE_MAXIMUM = 20
+MAX_UNANSWERED = 10  # packets other than PUBLISH whose replies are not yet written
 HEADROOM = 512  # fixed header, topic and properties around a payload
+READ_CHUNK = 16 * 1024
+READ_LIMIT = 32 * 1024  # asyncio buffers up to twice this before it stops reading the socket
+WRITE_HIGH = 16 * 1024  # replies waiting beyond this: wait (write_timeout_s) for the peer
+# File descriptors beyond max_connections: the store, threads, the uplink, the health
+# server, serial ports, and connections accepted in one go before the limit closes them
+# (asyncio accepts up to the listen backlog, 100, per wake-up).
+FD_RESERVE = 256
+SHOWN_NAME = 64  # characters of a refused user name in the log
 
-# A packet's replies: sent at once, or once the commit it waits for has returned.
+# The reasons counted (fixed: nothing a client sends becomes a key). Exported from 0.
+REFUSED_CONNECTION = ("max_connections", "max_pending_logins", "max_pending_logins_per_address")
+REFUSED_LOGIN = ("unknown_user", "no_password", "wrong_client_id", "bad_password")
+CLOSED = (
+    "login_timeout",
+    "protocol_error",
+    "write_stalled",
+    "control_flood",
+    "internal_error",
+    "refusal_cut_short",  # a held-back refusal closed early to make room (max_connections)
+    "evicted_for_a_login",  # a login from a penalised address, for one from another
+)
+
+# A packet's replies, sent at once or once the commit it waits for has returned, and
+# whether it is a PUBLISH (its place in the receive window) or another packet.
 Reply = list[Packet] | asyncio.Future[list[Packet] | None]
+Queued = tuple[Reply, bool]
+
+
+class _Stalled(Exception):
+    """The peer read nothing for write_timeout_s: closed."""
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One admitted connection, as the limits see it."""
+
+    address: str
+    task: asyncio.Task[None] | None = None
+    open: bool = True  # counted in Ingress.open
+    logging_in: bool = True  # counted among the pending logins
 
 
 @dataclass
@@ -93,7 +146,7 @@ class Listener:
     name: str  # "plain" or "tls"
     port: int
     tls: bool
-    accepted: int = 0  # connections accepted (before any TLS handshake)
+    accepted: int = 0  # connections admitted (within the limits; before any TLS handshake)
     open: int = 0
     tls_failures: int = 0  # handshakes that failed: plaintext clients, refused certificates
 
@@ -141,23 +194,34 @@ class Ingress:
         config: IngressSection,
         *,
         clock: Any = None,
+        events: Summary | None = None,
     ) -> None:
         self.intake = intake
         self.node_hashes = nodes  # node id -> scrypt hash
         self.cfg = config
         # clock.stamp(mono) -> (ISO time, flags) for messages without a time of their own.
         self.clock = clock
+        self.events = events or Summary()  # repeated log lines, summarised
         self._verifier = Verifier()
         self.stats: dict[str, NodeStats] = collections.defaultdict(NodeStats)
-        self.rejected_connections: collections.Counter[str] = collections.Counter()
+        # Every key below is a fixed reason, never what a client sent: bounded memory.
+        self.refused_connections: collections.Counter[str] = collections.Counter()
+        self.refused_logins: collections.Counter[str] = collections.Counter()
+        self.closed: collections.Counter[str] = collections.Counter()  # connections we ended
         self.listeners = [Listener(*spec) for spec in listener_specs(config)]
         self._servers: list[asyncio.Server] = []
         self._tls: ssl.SSLContext | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: dict[str, asyncio.StreamWriter] = {}
+        self.open = 0
+        self.pending_logins = 0
+        self._pending_by_address: collections.Counter[str] = collections.Counter()
+        self._logging_in: dict[_Conn, None] = {}  # oldest first
+        self._refusing: dict[_Conn, None] = {}  # refusals held back, oldest first
 
     async def start(self) -> int:
         """Bind every listener; the first one's port (``listeners`` has them all)."""
+        self._check_descriptors()
         if self.cfg.tls_cert:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             try:
@@ -172,12 +236,28 @@ class Ingress:
             # TLS is set up per connection (start_tls), not by the server, so that a
             # failed handshake (a plaintext client, a wrong certificate) is counted.
             server = await asyncio.start_server(
-                functools.partial(self._accept, ls), self.cfg.host, ls.port, limit=1 << 20
+                functools.partial(self._accept, ls), self.cfg.host, ls.port, limit=READ_LIMIT
             )
             self._servers.append(server)
             ls.port = server.sockets[0].getsockname()[1]
             log.info("ingress: %s listener on %s:%d", ls.name, self.cfg.host, ls.port)
         return self.listeners[0].port
+
+    def _check_descriptors(self) -> None:
+        """max_connections must stay below the file descriptor limit: past it, accept()
+        fails (EMFILE) and asyncio logs a traceback per attempt (issue 25)."""
+        need = self.cfg.max_connections + FD_RESERVE
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY or soft >= need:
+            return
+        if hard == resource.RLIM_INFINITY or hard >= need:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+            return
+        raise IngressConfigError(
+            f"ingress.max_connections {self.cfg.max_connections} needs {need} file descriptors "
+            f"(and {FD_RESERVE} for the rest of the gateway); this process may open {hard} "
+            f"(LimitNOFILE= in the unit): lower max_connections or raise LimitNOFILE"
+        )
 
     async def close(self) -> None:
         for server in self._servers:
@@ -185,83 +265,212 @@ class Ingress:
         for w in list(self._live.values()):
             w.close()
         await cancel_all(self._tasks)
+        await self._verifier.close()
+
+    def figures(self) -> dict[str, Any]:
+        """The ingress's own counters, for the snapshot (status, metrics)."""
+        v = self._verifier
+        return {
+            "open": self.open,
+            "pending_logins": self.pending_logins,
+            "max_connections": self.cfg.max_connections,
+            "max_pending_logins": self.cfg.max_pending_logins,
+            "refused_connections": dict(self.refused_connections),
+            "refused_logins": dict(self.refused_logins),
+            "closed": dict(self.closed),
+            "password_checks": v.checks,
+            "password_checks_waiting": v.waiting,
+            "wrong_passwords_from_cache": v.answered_from_cache,
+        }
+
+    # ------------------------------------------------------------ admission
 
     def _accept(self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        task = asyncio.ensure_future(self._on_listener(ls, r, w))
+        """Called as the connection is made: within the limits it gets a task; over one,
+        it is closed here and counted, which costs no task, no read and no log line.
+
+        Two kinds of connection give way to a newcomer rather than turn it away: a
+        refusal being held back (its answer is known; at max_connections), and a login
+        from an address that failed lately, for one from an address that did not (at
+        max_pending_logins): a guesser on many addresses cannot keep every place."""
+        peer = w.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        refused = ""
+        if self.open >= self.cfg.max_connections:
+            victim = next(iter(self._refusing), None)
+            if victim is None:
+                refused = "max_connections"
+            else:
+                self._evict(victim, "refusal_cut_short")
+        if not refused and self.pending_logins >= self.cfg.max_pending_logins:
+            victim = self._penalised_login(address)
+            if victim is None:
+                refused = "max_pending_logins"
+            else:
+                self._evict(victim, "evicted_for_a_login")
+        if not refused and (
+            self._pending_by_address[address] >= self.cfg.max_pending_logins_per_address
+        ):
+            refused = "max_pending_logins_per_address"
+        if refused:
+            self.refused_connections[refused] += 1
+            w.transport.abort()
+            self.events.log(
+                log, logging.WARNING, ("refused", refused),
+                "ingress: refused a connection from %s: %s", address, refused,
+            )  # fmt: skip
+            return
+        conn = _Conn(address)
+        self.open += 1
+        self.pending_logins += 1
+        self._pending_by_address[address] += 1
+        self._logging_in[conn] = None
+        w.transport.set_write_buffer_limits(high=WRITE_HIGH)
+        task = conn.task = asyncio.ensure_future(self._on_listener(ls, r, w, conn))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _penalised_login(self, address: str) -> _Conn | None:
+        """The oldest login under way from an address that failed lately, if ``address``
+        did not (at most max_pending_logins to look through)."""
+        throttle = self._verifier.throttle
+        if throttle.penalised(address):
+            return None
+        return next((c for c in self._logging_in if throttle.penalised(c.address)), None)
+
+    def _evict(self, conn: _Conn, why: str) -> None:
+        self.closed[why] += 1
+        self._logged_in(conn)
+        self._refusing.pop(conn, None)
+        self._closed(conn)
+        if conn.task is not None:
+            conn.task.cancel()  # its finally closes the socket
+
+    def _logged_in(self, conn: _Conn) -> None:
+        """Free the connection's place among those logging in (once)."""
+        if conn.logging_in:
+            conn.logging_in = False
+            del self._logging_in[conn]
+            self.pending_logins -= 1
+            self._pending_by_address[conn.address] -= 1
+            if self._pending_by_address[conn.address] <= 0:
+                del self._pending_by_address[conn.address]
+
+    def _closed(self, conn: _Conn) -> None:
+        if conn.open:
+            conn.open = False
+            self.open -= 1
+
     async def _on_listener(
-        self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter
+        self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter, conn: _Conn
     ) -> None:
         ls.accepted += 1
         ls.open += 1
         try:
-            if ls.tls:
-                assert self._tls is not None
-                try:
-                    await w.start_tls(self._tls, ssl_handshake_timeout=CONNECT_TIMEOUT)
-                except OSError as exc:  # ssl.SSLError, a reset, the handshake timeout
-                    ls.tls_failures += 1
-                    log.warning(
-                        "ingress: %s listener: TLS handshake with %s failed: %s",
-                        ls.name,
-                        w.get_extra_info("peername"),
-                        exc,
-                    )
-                    w.close()
-                    return
-            await self._connection(r, w)
+            await self._connection(ls, r, w, conn)
+        except Exception as exc:  # nothing escapes a connection's task unlogged
+            self.closed["internal_error"] += 1
+            self.events.log(
+                log, logging.ERROR, ("internal_error", type(exc).__name__),
+                "ingress: connection from %s failed: %r", conn.address, exc, exc_info=True,
+            )  # fmt: skip
         finally:
             ls.open -= 1
+            self._closed(conn)
+            self._logged_in(conn)
+            self._refusing.pop(conn, None)
+            if w.transport.get_write_buffer_size():
+                w.transport.abort()  # a peer that reads nothing would hold the socket open
+            else:
+                w.close()
 
     # ------------------------------------------------------------ a node
 
-    async def _connection(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        peer = w.get_extra_info("peername")
-        dec = Decoder(None, self.cfg.max_payload_bytes + HEADROOM)
+    async def _connection(
+        self, ls: Listener, r: asyncio.StreamReader, w: asyncio.StreamWriter, conn: _Conn
+    ) -> None:
+        address = conn.address
+        dec = Decoder(None, CONNECT_MAX_BYTES)
         node: str | None = None
         try:
-            connect, pending = await asyncio.wait_for(self._first_packet(r, dec), CONNECT_TIMEOUT)
-            node = await self._authenticate(connect, w, dec.version or MQTT_5)
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    if ls.tls and not await self._handshake(ls, w, address):
+                        return
+                    connect, first = await self._first_packet(r, dec)
+                    node = await self._authenticate(connect, w, dec.version or MQTT_5, conn)
+            except TimeoutError:
+                self.closed["login_timeout"] += 1
+                return
             if node is None:
                 return
-            await self._serve(node, connect, dec, pending, r, w)
+            self._logged_in(conn)
+            dec.max_packet_size = self.cfg.max_payload_bytes + HEADROOM
+            await self._serve(node, connect, dec, first, r, w)
         except ProtocolError as exc:
-            # MQTT-4.8.0-1: close on a protocol violation (5.0: say why first).
-            who = node or str(peer)
-            log.warning("ingress: %s: protocol error: %s", who, exc)
+            # MQTT-4.8.0-1: close on a protocol violation (5.0: say why first, once the
+            # CONNACK has gone: MQTT-3.14.0-1).
+            self.closed["protocol_error"] += 1
             if node:
                 self.stats[node].rejected["protocol_error"] += 1
-            if dec.version == MQTT_5:
+            self.events.log(
+                log, logging.WARNING, ("protocol_error", node),
+                "ingress: %s: protocol error: %s", node or address, exc,
+            )  # fmt: skip
+            if node and dec.version == MQTT_5 and not w.is_closing():
+                w.write(encode(Disconnect(exc.reason), MQTT_5))
                 with contextlib.suppress(Exception):
-                    w.write(encode(Disconnect(exc.reason), MQTT_5))
-                    await w.drain()
+                    async with asyncio.timeout(self.cfg.write_timeout_s):
+                        await w.drain()
+        except _Stalled:
+            self.closed["write_stalled"] += 1
+            if node:
+                self.stats[node].rejected["write_stalled"] += 1
+            self.events.log(
+                log, logging.WARNING, ("write_stalled", node),
+                "ingress: %s read nothing for %g s: closed", node, self.cfg.write_timeout_s,
+            )  # fmt: skip
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         except StoreFull as exc:
             # Not acknowledged: the node keeps the message and retries later.
-            log.error("ingress: %s: not acknowledged, store full: %s", node, exc)
+            self.events.log(
+                log, logging.ERROR, ("store_full",),
+                "ingress: %s: not acknowledged, store full: %s", node, exc,
+            )  # fmt: skip
             if node:
                 self.stats[node].rejected["store_full"] += 1
         except StoreUnwritable as exc:
             # A dying card: the same as a full disk, the node keeps the message.
-            log.error("ingress: %s: not acknowledged: %s", node, exc)
+            self.events.log(
+                log, logging.ERROR, ("store_unwritable",),
+                "ingress: %s: not acknowledged: %s", node, exc,
+            )  # fmt: skip
             if node:
                 self.stats[node].rejected["store_unwritable"] += 1
         finally:
             if node and self._live.get(node) is w:
                 del self._live[node]
                 self.stats[node].connected = False
-            w.close()
-            with contextlib.suppress(Exception):
-                await w.wait_closed()
+
+    async def _handshake(self, ls: Listener, w: asyncio.StreamWriter, address: str) -> bool:
+        assert self._tls is not None
+        try:
+            await w.start_tls(self._tls, ssl_handshake_timeout=CONNECT_TIMEOUT)
+        except OSError as exc:  # ssl.SSLError, a reset
+            ls.tls_failures += 1
+            self.events.log(
+                log, logging.WARNING, ("tls_failure", ls.name),
+                "ingress: %s listener: TLS handshake with %s failed: %s", ls.name, address, exc,
+            )  # fmt: skip
+            return False
+        return True
 
     async def _first_packet(
         self, r: asyncio.StreamReader, dec: Decoder
     ) -> tuple[Connect, list[Packet]]:
         while True:
-            data = await r.read(65536)
+            data = await r.read(READ_CHUNK)
             if not data:
                 raise ConnectionError("closed before CONNECT")
             pkts = dec.feed(data)
@@ -270,26 +479,44 @@ class Ingress:
                 assert isinstance(first, Connect)  # the decoder refuses anything else first
                 return first, pkts[1:]
 
-    async def _authenticate(self, c: Connect, w: asyncio.StreamWriter, version: int) -> str | None:
+    async def _authenticate(
+        self, c: Connect, w: asyncio.StreamWriter, version: int, conn: _Conn
+    ) -> str | None:
+        address = conn.address
         node = c.username or ""
         known = self.node_hashes.get(node)
-        ok = (
-            known is not None
-            and c.password is not None
-            and await self._verifier.verify(node, c.password, known)
-        )
-        if ok and c.client_id not in ("", node):
-            ok = False  # a node connects as itself
-        if not ok:
-            self.rejected_connections[node or "(no user name)"] += 1
-            if node in self.node_hashes:
-                self.stats[node].rejected["bad_credentials"] += 1
-            code = Reason.BAD_USER_NAME_OR_PASSWORD if version == MQTT_5 else 4
-            w.write(encode(Connack(False, code), version))
-            await w.drain()
-            log.warning("ingress: refused connection for user %r", node)
-            return None
-        return node
+        if known is None:
+            refused = "unknown_user"  # no scrypt: there is no hash to check against
+        elif c.password is None:
+            refused = "no_password"
+        elif c.client_id not in ("", node):
+            refused = "wrong_client_id"  # a node connects as itself
+        elif not await self._verifier.verify(node, c.password, known, address):
+            refused = "bad_password"
+        else:
+            return node
+        self.refused_logins[refused] += 1
+        if known is not None:
+            self.stats[node].rejected["bad_credentials"] += 1
+        shown = node if len(node) <= SHOWN_NAME else f"{node[:SHOWN_NAME]}... ({len(node)} chars)"
+        self.events.log(
+            log, logging.WARNING, ("login", refused),
+            "ingress: refused a login from %s: %s (user %r)", address, refused, shown,
+        )  # fmt: skip
+        # Held back rather than answered at once, and its address's next password check
+        # waits as long (Verifier.verify): a guesser gets no more scrypt than one check per
+        # delay. A sleeping task is all a held refusal costs (within the login timeout); it
+        # no longer holds a place among the logins, and gives up its place among the
+        # connections to a newcomer (_accept).
+        delay = self._verifier.throttle.failed(address, node if known else None)
+        self._logged_in(conn)
+        self._refusing[conn] = None
+        await asyncio.sleep(delay)
+        self._refusing.pop(conn, None)
+        code = Reason.BAD_USER_NAME_OR_PASSWORD if version == MQTT_5 else 4
+        w.write(encode(Connack(False, code), version))
+        await w.drain()
+        return None
 
     async def _serve(
         self,
@@ -322,24 +549,35 @@ class Ingress:
         # Node state that matters lives in the store (message keys), so a node that
         # asked to keep its session always finds one.
         w.write(encode(Connack(not c.clean_start, 0, props), version))
-        await w.drain()
+        await self._drain(w)
         limiter = RateLimiter(self.cfg.max_messages_per_second)
+        # Other packets (PINGREQ, PUBREL, SUBSCRIBE, ...): a node sends a PUBREL per QoS 2
+        # message and a PINGREQ per keepalive, so the PUBLISH rate plus 10 a second, with
+        # a burst of two windows' worth. Faster is a flood (issue 25: a PINGREQ flood from
+        # a client that read nothing stalled the gateway for 25 s): the connection closes.
+        control = RateLimiter(
+            self.cfg.max_messages_per_second + 10,
+            self.cfg.max_messages_per_second + 10 + 2 * RECEIVE_MAXIMUM,
+        )
         keepalive = c.keepalive * 1.5 if c.keepalive else None
         # Pipelined: PUBLISHes are taken while earlier ones are still being committed
         # (up to the receive maximum), so one node's messages share fsyncs too; the
         # writer sends each one's replies once its commit has returned, in arrival
-        # order (MQTT-4.6.0-2/-3: held back, never reordered).
-        replies: asyncio.Queue[Reply | None] = asyncio.Queue()
+        # order (MQTT-4.6.0-2/-3: held back, never reordered). A PUBLISH keeps its place
+        # in the window, and another packet its place among MAX_UNANSWERED, until its
+        # reply is written: a peer that does not read stops the reader.
+        replies: asyncio.Queue[Queued | None] = asyncio.Queue()
         window = asyncio.Semaphore(RECEIVE_MAXIMUM)
-        writer = asyncio.create_task(self._write_replies(replies, w, version, window))
+        unanswered = asyncio.Semaphore(MAX_UNANSWERED)
+        writer = asyncio.create_task(self._write_replies(replies, w, version, window, unanswered))
         reader = asyncio.create_task(
-            self._read_packets(node, dec, pending, r, session, version, limiter, keepalive,
-                               replies, window)
+            self._read_packets(node, dec, pending, r, session, version, limiter, control,
+                               keepalive, replies, window, unanswered)
         )  # fmt: skip
         try:
             done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             if writer in done:
-                writer.result()  # a refused commit (StoreFull, StoreUnwritable): no more acks
+                writer.result()  # a refused commit (StoreFull, StoreUnwritable), a stall
                 return
             reader.result()  # a protocol error closes the connection at once
             await replies.put(None)  # a clean end: the acknowledgements owed still go out
@@ -348,8 +586,17 @@ class Ingress:
             await cancel_all((reader, writer))
             while not replies.empty():  # owed, never to be sent: their errors are known
                 left = replies.get_nowait()
-                if isinstance(left, asyncio.Future):
-                    left.add_done_callback(_retrieved)
+                if left is not None and isinstance(left[0], asyncio.Future):
+                    left[0].add_done_callback(_retrieved)
+
+    async def _drain(self, w: asyncio.StreamWriter) -> None:
+        """Wait while more than WRITE_HIGH bytes wait to be sent; a peer that reads none
+        of them for write_timeout_s is gone (or hostile): _Stalled."""
+        try:
+            async with asyncio.timeout(self.cfg.write_timeout_s):
+                await w.drain()
+        except TimeoutError:
+            raise _Stalled from None
 
     async def _read_packets(
         self,
@@ -360,9 +607,11 @@ class Ingress:
         session: ReceiverSession,
         version: int,
         limiter: RateLimiter,
+        control: RateLimiter,
         keepalive: float | None,
-        replies: asyncio.Queue[Reply | None],
+        replies: asyncio.Queue[Queued | None],
         window: asyncio.Semaphore,
+        unanswered: asyncio.Semaphore,
     ) -> None:
         """Read and check packets; queue each one's replies (a commit's, for a PUBLISH)."""
         st = self.stats[node]
@@ -373,34 +622,53 @@ class Ingress:
                     future = asyncio.ensure_future(
                         self._packet(node, pkt, session, version, limiter)
                     )
-                    future.add_done_callback(lambda _: window.release())
-                    reply: Reply = future
-                else:
-                    out = await self._packet(node, pkt, session, version, limiter)
-                    if out is None:
-                        return
-                    reply = out
-                await replies.put(reply)
+                    await replies.put((future, True))
+                    continue
+                if not isinstance(pkt, Publish) and control.delay() > 0:
+                    self._flood(node, version, replies)
+                    return
+                await unanswered.acquire()  # released when its reply is written
+                out = await self._packet(node, pkt, session, version, limiter)
+                if out is None:
+                    unanswered.release()
+                    return
+                await replies.put((out, False))
             async with asyncio.timeout(keepalive):  # not wait_for: see sync/client.py recv
-                data = await r.read(65536)
+                data = await r.read(READ_CHUNK)
             if not data:
                 return
             st.last_seen = time.time()
             pending = dec.feed(data)
 
+    def _flood(self, node: str, version: int, replies: asyncio.Queue[Queued | None]) -> None:
+        self.closed["control_flood"] += 1
+        self.stats[node].rejected["control_flood"] += 1
+        self.events.log(
+            log, logging.WARNING, ("control_flood", node),
+            "ingress: %s: more packets other than PUBLISH than %g a second: closed",
+            node, self.cfg.max_messages_per_second + 10,
+        )  # fmt: skip
+        if version == MQTT_5:  # after what is owed (5.0: 0x96, message rate too high)
+            replies.put_nowait(([Disconnect(Reason.MESSAGE_RATE_TOO_HIGH)], False))
+
     async def _write_replies(
         self,
-        replies: asyncio.Queue[Reply | None],
+        replies: asyncio.Queue[Queued | None],
         w: asyncio.StreamWriter,
         version: int,
         window: asyncio.Semaphore,
+        unanswered: asyncio.Semaphore,
     ) -> None:
-        while (reply := await replies.get()) is not None:
+        while (item := await replies.get()) is not None:
+            reply, is_publish = item
             packets = reply if isinstance(reply, list) else await reply
+            if w.is_closing():  # the peer is gone (or taken over): nothing more to say
+                return
             if packets:
                 w.write(b"".join(encode(p, version) for p in packets))
-                if replies.empty():
-                    await w.drain()
+            (window if is_publish else unanswered).release()
+            if replies.empty() or w.transport.get_write_buffer_size() > WRITE_HIGH:
+                await self._drain(w)
 
     async def _packet(
         self, node: str, pkt: Packet, session: ReceiverSession, version: int, limiter: RateLimiter
@@ -452,7 +720,10 @@ class Ingress:
         reason, readings, key = self._check(node, pkt)
         if reason is not None:
             st.rejected[reason[1]] += 1
-            log.info("ingress: %s: rejected message: %s", node, reason[1])
+            self.events.log(
+                log, logging.INFO, ("rejected", node, reason[1]),
+                "ingress: %s: rejected message: %s", node, reason[1],
+            )  # fmt: skip
             if ack is None:
                 return []
             return [session.refuse(pkt, reason[0]) if version == MQTT_5 else ack]
@@ -481,7 +752,13 @@ class Ingress:
             return (Reason.NOT_AUTHORIZED, "wrong_node"), [], None
         if len(msg.readings) > self.cfg.max_readings_per_message:
             return (Reason.QUOTA_EXCEEDED, "too_many_readings"), [], None
-        return None, self._readings(node, msg), f"{node}/{msg.boot}/{msg.seq}"
+        try:
+            readings = self._readings(node, msg)
+        except (ValueError, OverflowError):
+            # The schema's pattern admits 2026-02-30, and ts - dt may fall before year 1:
+            # no time the store could hold (issue 25). Refused, never left unacknowledged.
+            return (Reason.PAYLOAD_FORMAT_INVALID, "invalid_time"), [], None
+        return None, readings, f"{node}/{msg.boot}/{msg.seq}"
 
     def _readings(self, node: str, msg: wire.NodeMessage) -> list[Reading]:
         flags: list[str] = []

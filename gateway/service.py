@@ -6,6 +6,12 @@ starts, the ingress binds, the uplink resumes its session, the drivers start;
 then READY=1. Stop order is the reverse of the data's path: producers stop
 (drivers, ingress), the intake commits what it holds, the uplink ends with a
 DISCONNECT that keeps the session, the store closes; exit 0.
+
+The chores (clock, sample, watchdog, prune, status link) and the sensors'
+supervisors never end on their own: one that does is logged with its
+traceback at once and makes the gateway unhealthy (``Chores``), so the
+watchdog ping stops and systemd restarts the service (issue 25: a dead chore
+used to go unseen).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from .health import HealthServer
 from .ingress import Ingress
 from .intake import Intake
 from .notify import Notifier
+from .ratelog import Summary, SummaryFilter
 from .status import store_headline
 from .wear import Wear
 
@@ -46,6 +53,37 @@ CLOCK_POLL_S = 10.0
 SAMPLE_S = 2.0  # backlog history and STATUS= line (stretched if counting the backlog is slow)
 SEEN_KEEP_S = 7 * 24 * 3600  # node message keys kept for dedup: retries never come later
 PROBE_TIMEOUT_S = 5.0
+
+
+class Chores:
+    """Tasks that must run as long as the gateway does: one that ends (an exception, or
+    a return) is logged once with its traceback and named by ``problems()``, which
+    ``Gateway.healthy()`` reports. What asyncio.TaskGroup would give, without its
+    cancelling the rest: delivery goes on until the watchdog restarts the service."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.dead: dict[str, str] = {}
+
+    def start(self, name: str, coro: Any) -> asyncio.Task[Any]:
+        return self.watch(asyncio.create_task(coro, name=name))
+
+    def watch(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        self.tasks.append(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():  # a stop
+            return
+        exc = task.exception()
+        why = f"{type(exc).__name__}: {exc}" if exc is not None else "returned"
+        self.dead[task.get_name()] = why
+        log.error("chore %s died (%s): the gateway is unhealthy", task.get_name(), why,
+                  exc_info=exc)  # fmt: skip
+
+    def problems(self) -> list[str]:
+        return [f"{name} chore died: {why}" for name, why in self.dead.items()]
 
 
 def connect_options(cfg: GatewayConfig) -> ConnectOptions:
@@ -82,7 +120,8 @@ class Gateway:
         self.wear = Wear(cfg.store.flash_endurance_tbw)
         self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
         self.clock = clock or ClockWatch(kernel_check())
-        audit = CommitLog.from_env()
+        audit = CommitLog(cfg.store.commit_log) if cfg.store.commit_log else None
+        self.commit_log = audit
         # One group commit for everything the gateway writes: node messages, sensor
         # readings and the uplink's session transitions share transactions and fsyncs.
         self.commits = GroupCommit(self.store, commit_delay=cfg.store.commit_delay_ms / 1000)
@@ -93,10 +132,15 @@ class Gateway:
             max_hold=cfg.store.commit_delay_max_ms / 1000,
             on_commit=None if audit is None else lambda rs: audit(rs, cfg.id),
         )
+        # Log lines a client can cause, one per kind a minute (ratelog.py): the card's
+        # space is not the attacker's to spend.
+        self.events = Summary()
         self.ingress: Ingress | None = None
         if cfg.ingress.enabled and cfg.nodes:
             hashes = {n.id: n.password_hash for n in cfg.nodes}
-            self.ingress = Ingress(self.intake, hashes, cfg.ingress, clock=self.clock)
+            self.ingress = Ingress(
+                self.intake, hashes, cfg.ingress, clock=self.clock, events=self.events
+            )
         up = cfg.uplink
         self.uplink = Uplink(
             self.store,
@@ -128,6 +172,7 @@ class Gateway:
         self.ingress_port: int | None = None
         self.health_port: int | None = None
         self._critical: dict[str, asyncio.Task[Any]] = {}
+        self.chores = Chores()
         self._store_ok = True
         self._store_error: str | None = None
         self._probe: asyncio.Future[Any] | None = None
@@ -135,21 +180,24 @@ class Gateway:
     # ------------------------------------------------------------ running
 
     async def run(self, stop: asyncio.Event) -> int:
+        # asyncio's own repeated lines (a write to a dead socket, an accept that failed)
+        # summarised like ours.
+        asyncio_filter = SummaryFilter(self.events)
+        logging.getLogger("asyncio").addFilter(asyncio_filter)
         uplink_stop = asyncio.Event()
         self._critical["commit"] = asyncio.create_task(self.commits.run(), name="commit")
         if self.ingress is not None:
             self.ingress_port = await self.ingress.start()
         self.health_port = await self.health.start()
         self._critical["uplink"] = asyncio.create_task(self.uplink.run(uplink_stop), name="uplink")
-        drivers = self.drivers.tasks()
-        chores = [
-            asyncio.create_task(self._clock_loop(), name="clock"),
-            asyncio.create_task(self._sample_loop(), name="sample"),
-            asyncio.create_task(self._watchdog_loop(), name="watchdog"),
-            asyncio.create_task(self._prune_loop(), name="prune"),
-        ]
+        for task in self.drivers.tasks():
+            self.chores.watch(task)
+        self.chores.start("clock", self._clock_loop())
+        self.chores.start("sample", self._sample_loop())
+        self.chores.start("watchdog", self._watchdog_loop())
+        self.chores.start("prune", self._prune_loop())
         if self.status_link is not None:
-            chores.append(asyncio.create_task(self.status_link.run(), name="status"))
+            self.chores.start("status", self.status_link.run())
         self.notifier.ready(self.status_line())
         log.info(
             "gateway %s running: ingress port %s, health port %s, %d sensors, %d nodes",
@@ -163,7 +211,7 @@ class Gateway:
             await stop.wait()
         finally:
             self.notifier.stopping("stopping: committing and disconnecting")
-            await cancel_all(drivers + chores)
+            await cancel_all(self.chores.tasks)
             if self.ingress is not None:
                 await self.ingress.close()
             uplink_stop.set()
@@ -179,7 +227,11 @@ class Gateway:
             await self.health.close()
             self.drivers.close()
             self.store.close()
+            if self.commit_log is not None:
+                self.commit_log.close()
             self.notifier.close()
+            self.events.flush()
+            logging.getLogger("asyncio").removeFilter(asyncio_filter)
             log.info("gateway %s stopped", self.cfg.id)
         return 0
 
@@ -213,6 +265,7 @@ class Gateway:
             if self.status_link is not None:
                 self.status_link.sampled(st)
             self.notifier.status(self.status_line(st))
+            self.events.flush()  # the summaries of repeated log lines that are due
             # Counting a large backlog reads the whole outbox: keep that under 5 % of the time.
             await asyncio.sleep(max(SAMPLE_S, 20 * took))
 
@@ -260,6 +313,7 @@ class Gateway:
             for name, t in self._critical.items()
             if t.done()
         ]
+        why += self.chores.problems()
         if not self._store_ok:
             why.append(self._store_error or "store unhealthy")
         ws = self.store.write_state
@@ -374,6 +428,8 @@ class Gateway:
             "listeners": {ls.name: ls.as_dict() for ls in self.ingress.listeners}
             if self.ingress is not None
             else {},
+            "ingress": self.ingress.figures() if self.ingress is not None else None,
+            "log_lines_suppressed": self.events.suppressed_total,
         }
 
 

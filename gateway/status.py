@@ -154,6 +154,7 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
             + f", disk free {size(st['disk_free_bytes'])}",
         ),
         ("flash", _flash(snap.get("flash"))),
+        *_ingress(snap.get("ingress")),
         ("last error", last_error(up, now)),
     ]
 
@@ -178,6 +179,25 @@ def landing(e2e: dict[str, Any]) -> str:
     if refused:
         text += f"; {refused:,} acknowledgements ignored (see the log)"
     return text
+
+
+def _ingress(ing: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The ingress's connections, and what it refused, when it refused anything."""
+    if not ing:
+        return []
+    refused = sum(ing["refused_connections"].values())
+    logins = sum(ing["refused_logins"].values())
+    cut = sum(ing["closed"].values())
+    if not (refused or logins or cut):
+        return []
+    return [
+        (
+            "ingress",
+            f"{ing['open']} open, {ing['pending_logins']} logging in; refused "
+            f"{counted(refused, 'connection')} over the limits and "
+            f"{counted(logins, 'login')}; {cut:,} closed (floods, stalls, timeouts, errors)",
+        )
+    ]
 
 
 def _flash(f: dict[str, Any] | None) -> str:

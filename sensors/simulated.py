@@ -1,4 +1,8 @@
-"""Simulated signals for the demo and development: sine, random walk, counter."""
+"""Simulated signals for the demo and development: sine, random walk, counter.
+
+Every reading carries the flag ``simulated`` (docs/wire-format.md), so made-up
+values can never pass for measurements downstream.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import random
 import time
 
 from .api import Driver, SensorReading, Sink
+from .pins.simulated import SIMULATED
 
 SIGNALS = ("sine", "random_walk", "counter")
 
@@ -48,5 +53,6 @@ class SimulatedSensor(Driver):
         start = time.monotonic()
         while True:
             now = time.monotonic()
-            sink.reading(SensorReading(self.sensor, self.sample(now - start), self.unit, mono=now))
+            value = self.sample(now - start)
+            sink.reading(SensorReading(self.sensor, value, self.unit, mono=now, flags=(SIMULATED,)))
             await asyncio.sleep(self.interval_s)

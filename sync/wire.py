@@ -42,7 +42,18 @@ def validator(schema: str) -> jsonschema.protocols.Validator:
 # 100-reading message took 8.5 ms through jsonschema, the whole loop's budget at 100
 # messages a second). tests/test_wire_format.py holds it to the shipped JSON Schema.
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
-_TS = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z$"
+# Bounds (issue 25): what the store and Python's datetime can hold. A year 0001-9999, a
+# month 01-12, a day 01-31, 00:00:00-23:59:59 (no leap second: datetime has none). The
+# calendar (30 February) is beyond a pattern: the ingress refuses it as invalid_time.
+_YEAR = "([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"
+_TS = (
+    rf"^{_YEAR}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?Z$"
+)
+# boot and seq: 2**53 - 1, the largest integer every JSON reader holds exactly (and well
+# inside SQLite's int64, which 2**64 overflowed). dt: a hundred years.
+MAX_COUNTER = 2**53 - 1
+MAX_DT_S = 3_155_760_000
 
 
 # What a value is (docs/wire-format.md): a level, a count per interval, a running total.
@@ -56,7 +67,7 @@ class NodeReading(BaseModel):
     sensor: Annotated[str, Field(min_length=1, max_length=64)]
     value: float | None
     unit: Annotated[str, Field(max_length=16)] | None
-    dt: Annotated[float, Field(ge=0)] = 0.0
+    dt: Annotated[float, Field(ge=0, le=MAX_DT_S)] = 0.0
     kind: Kind = GAUGE
 
 
@@ -64,8 +75,8 @@ class NodeMessage(BaseModel):
     model_config = _STRICT
     v: Annotated[int, Field(ge=1, le=1)]  # Literal[1] would take true (True == 1)
     node: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-    boot: Annotated[int, Field(ge=0)]
-    seq: Annotated[int, Field(ge=0)]
+    boot: Annotated[int, Field(ge=0, le=MAX_COUNTER)]
+    seq: Annotated[int, Field(ge=0, le=MAX_COUNTER)]
     ts: Annotated[str, Field(pattern=_TS)] | None
     readings: Annotated[list[NodeReading], Field(min_length=1, max_length=500)]
 

@@ -75,6 +75,18 @@ def test_gateway_bench_runs_and_prints_its_ratios() -> None:
     assert "ratio" in res.stdout
 
 
+def test_login_attack_bench_runs_and_prints_its_ratio() -> None:
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "login_attack.py"), "--nodes", "2",
+         "--attackers", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "ratio attacked / quiet" in res.stdout and "wrong guesses" in res.stdout
+
+
 # Its run may take the 600 s it is given (6 min on a busy 2-core machine): pytest's
 # default of 300 s (pyproject) must not cut it first.
 @pytest.mark.timeout(660)

@@ -67,12 +67,13 @@ def test_a_dying_card_refuses_new_readings_and_delivers_what_it_holds(
     link = LinkProxy(mosquitto.port)
     checker = Checker(mosquitto.port, topic="telemetry/#", client_id=f"dying-{fault}").start()
     sensors = [{"id": "counter", "type": "simulated", "signal": "counter", "interval_s": 0.2}]
-    gw = GatewayProc(tmp_path, link.port, sensors=sensors, nodes={"n1": "pw-1", "n2": "pw-2"})
+    commits = tmp_path / "commits.jsonl"
+    witness = {"store": {"commit_log": str(commits)}}
+    nodes = {"n1": "pw-1", "n2": "pw-2"}
+    gw = GatewayProc(tmp_path, link.port, sensors=sensors, nodes=nodes, extra=witness)
     gw.db = disk.path / "state" / "gateway.db"
     gw.write()
-    commits = tmp_path / "commits.jsonl"
-    env = {"PUBCOMP_COMMIT_LOG": str(commits)}
-    gw.start(env)
+    gw.start()
     nodes = [PahoNode(n, f"pw-{i}", gw.ingress_port).start() for i, n in ((1, "n1"), (2, "n2"))]
     try:
         assert wait_until(lambda: len(acked(nodes)) >= 60, 30)
@@ -129,7 +130,7 @@ def test_a_dying_card_refuses_new_readings_and_delivers_what_it_holds(
     assert gw.terminate() == 0
     gw.sensors = []  # quiet: the backlog can drain to 0
     gw.write()
-    gw.start(env)
+    gw.start()
 
     def drained() -> bool:
         up = gw.status()["uplink"]

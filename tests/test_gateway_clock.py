@@ -182,7 +182,8 @@ def test_gateway_corrects_readings_taken_before_the_clock_synced(
     with Store(tmp_path / "gw.db") as s:
         rows = s.readings_between(1, s.last_seq())
     before = [r for r in rows if UNSYNCED in r["flags"]]
-    after = [r for r in rows if not r["flags"]]
+    after = [r for r in rows if UNSYNCED not in r["flags"]]
+    assert all(r["flags"] == ["simulated"] for r in after)  # a made-up signal says so
     assert len(before) >= 10 and len(after) >= 10, (len(before), len(after))
     assert all(CORRECTED in r["flags"] for r in before)
     # Corrected stamps are true times: within the run, and before the sync moment.

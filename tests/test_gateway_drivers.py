@@ -120,6 +120,36 @@ def test_pulse_total_survives_a_restart(tmp_path: Path) -> None:
         assert d.status["rain"].last["rain.total"][0] == 12.0
 
 
+def test_made_up_readings_are_flagged_simulated_in_the_data(tmp_path: Path) -> None:
+    """A simulated signal, and a pulse counter on simulated pins (gpio: simulated), put
+    ``simulated`` in every reading's flags; the same counter on real pins does not (issue 25:
+    fake pulses went to the cloud as measurements, with only a log line to say so)."""
+    from gpiozero.pins.mock import MockFactory
+
+    from pubcomp.sensors.pins.zero import GpiozeroFactory
+    from pubcomp.sync.store import decode_body
+
+    def flags(gpio: Callable[[], Any], *entries: dict[str, Any]) -> dict[str, set[str]]:
+        with Store(tmp_path / f"s{len(list(tmp_path.iterdir()))}.db", gateway_id="g") as store:
+            intake = Intake(store)
+            d = Drivers(_sensors(*entries), gpio, intake, ClockWatch(lambda: True), lambda c: None)
+            asyncio.run(
+                _run_until(d, intake, lambda: all(s.readings >= 3 for s in d.status.values()))
+            )
+            rows = store._rdb.execute("SELECT body FROM outbox").fetchall()
+        out: dict[str, set[str]] = {}
+        for (body,) in rows:
+            for r in decode_body(body):
+                out.setdefault(r["sensor"].split(".")[0], set()).add(",".join(r["flags"]))
+        return out
+
+    pulse = {"id": "rain", "type": "pulse", "pin": 5, "interval_s": 0.05}
+    fake = flags(SimulatedFactory, {"id": "sig", "type": "simulated", "interval_s": 0.05}, pulse)
+    assert fake == {"sig": {"simulated"}, "rain": {"simulated"}}
+    real = flags(lambda: GpiozeroFactory(MockFactory()), pulse)
+    assert real == {"rain": {""}}
+
+
 def test_a_gps_on_the_gateway_hands_its_time_to_the_clock(tmp_path: Path) -> None:
     """An NMEA receiver configured on a gateway, over a real pseudo-terminal: its fixes
     reach the gateway's clock (the sink once shadowed its clock() method with the

@@ -35,10 +35,12 @@ def _split(counts: dict[str, int], gid: str, epoch: str) -> tuple[set[int], set[
 
 def test_gateway_exactly_once_across_sigkills(tmp_path: Path, mosquitto: Mosquitto) -> None:
     checker = Checker(mosquitto.port, topic="telemetry/#", client_id="e2e-checker").start()
-    gw = GatewayProc(tmp_path, mosquitto.port, sensors=SENSORS, nodes={"node-1": "pw-1"})
     # The witness of committed sensor readings, written after each commit returns.
-    env = {"PUBCOMP_COMMIT_LOG": str(tmp_path / "commits.jsonl")}
-    gw.start(env)
+    witness = {"store": {"commit_log": str(tmp_path / "commits.jsonl")}}
+    gw = GatewayProc(
+        tmp_path, mosquitto.port, sensors=SENSORS, nodes={"node-1": "pw-1"}, extra=witness
+    )
+    gw.start()
     node = PahoNode("node-1", "pw-1", gw.ingress_port).start()
     rng = random.Random(7)
     kills = 0
@@ -47,7 +49,7 @@ def test_gateway_exactly_once_across_sigkills(tmp_path: Path, mosquitto: Mosquit
             time.sleep(rng.uniform(1.0, 2.0))
             gw.kill()  # SIGKILL: no flush, no DISCONNECT; the store's fsyncs are all there is
             kills += 1
-            gw.start(env)
+            gw.start()
         time.sleep(1.0)
     finally:
         node.stop()  # returns once every message it sent has its PUBACK

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from devkit import duckdb_reference as ref
+from devkit import hooked
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.synth import write_landing
 from pubcomp.sync.wire import wire_time
@@ -284,7 +284,7 @@ def test_late_data_reopens_exactly_its_day(spark: Any, tmp_path: Path) -> None:
 def test_a_run_killed_mid_batch_converges_when_rerun(spark: Any, tmp_path: Path) -> None:
     landing, wh = tmp_path / "landing", tmp_path / "wh"
     write_landing(landing, 3_000, origins=2, sensors=4, seed=7)
-    cmd = [sys.executable, "-m", "pubcomp", "pipeline", "run", "--landing", str(landing)]
+    cmd = hooked.command("pipeline", "run", "--landing", str(landing))
     cmd += ["--warehouse", str(wh), "--master", "local[1]"]
     env = {**os.environ, "PUBCOMP_CRASH_AT": "pipeline_readings_written"}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -307,7 +307,7 @@ def test_a_run_killed_while_displacing_copies_converges_when_rerun(
     _land(landing, "run1", _clockless_node_copies(list(range(200)), t0 + timedelta(hours=2)))
     _run(spark, landing, wh)
     _land(landing, "run2", _clockless_node_copies(list(range(0, 200, 4)), t0, gateway="gw-z"))
-    cmd = [sys.executable, "-m", "pubcomp", "pipeline", "run", "--landing", str(landing)]
+    cmd = hooked.command("pipeline", "run", "--landing", str(landing))
     cmd += ["--warehouse", str(wh), "--master", "local[1]"]
     env = {**os.environ, "PUBCOMP_CRASH_AT": point}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

@@ -46,14 +46,15 @@ def test_gateway_power_cuts_lose_nothing_acknowledged_or_committed(
         {"id": "counter", "type": "simulated", "signal": "counter", "interval_s": 0.2},
         {"id": "rain", "type": "pulse", "pin": 17, "interval_s": 0.5, "simulated_rate_hz": 20},
     ]
-    gw = GatewayProc(tmp_path, link.port, sensors=sensors, nodes={"n1": "pw-1", "n2": "pw-2"})
+    commits = tmp_path / "commits.jsonl"
+    witness = {"store": {"commit_log": str(commits)}}
+    nodes = {"n1": "pw-1", "n2": "pw-2"}
+    gw = GatewayProc(tmp_path, link.port, sensors=sensors, nodes=nodes, extra=witness)
     gw.db = disk.path / "state" / "gateway.db"
     gw.write()
-    commits = tmp_path / "commits.jsonl"
-    env = {"PUBCOMP_COMMIT_LOG": str(commits)}
     landing, wh = tmp_path / "landing", tmp_path / "wh"
     ingest = IngestProc(mosquitto.port, landing).start()
-    gw.start(env)
+    gw.start()
     nodes = [PahoNode(n, f"pw-{i}", gw.ingress_port).start() for i, n in ((1, "n1"), (2, "n2"))]
     outages = 0
     for _ in range(CUTS):
@@ -66,7 +67,7 @@ def test_gateway_power_cuts_lose_nothing_acknowledged_or_committed(
                 outages += 1
         assert gw.proc is not None
         disk.cut(gw.proc)
-        gw.start(env)
+        gw.start()
     link.up()
     time.sleep(1.0)
     for n in nodes:
@@ -78,7 +79,7 @@ def test_gateway_power_cuts_lose_nothing_acknowledged_or_committed(
     assert gw.terminate() == 0
     gw.sensors = []
     gw.write()
-    gw.start(env)
+    gw.start()
     sensor_committed = commitlog.read(commits)
 
     def drained() -> bool:

@@ -180,19 +180,19 @@ def test_gateway_power_cut_at_break_point_delivers_each_committed_reading_once(
     5.0 MQTT-2.2.1-3, 4.3.3-6)."""
     checker = Checker(cloud.port, "telemetry/#", client_id="gw-cut-checker").start()
     sensors = [{"id": "count", "type": "simulated", "signal": "counter", "interval_s": 0.02}]
-    extra = {"uplink": {"batch": 10, "linger_ms": 50}, "store": {"sensor_delay_ms": 100}}
+    witness = tmp_path / "commits.jsonl"  # off the cut disk
+    store = {"sensor_delay_ms": 100, "commit_log": str(witness)}
+    extra = {"uplink": {"batch": 10, "linger_ms": 50}, "store": store}
     gw = GatewayProc(tmp_path, cloud.port, sensors=sensors, extra=extra)
     gw.db = disk.path / "state" / "gateway.db"
     gw.write()
-    witness = tmp_path / "commits.jsonl"  # off the cut disk
     marker = tmp_path / "crash-marker"
-    env = {"PUBCOMP_COMMIT_LOG": str(witness)}
     try:
-        gw.start(env)  # warm: the session established, ids in use
+        gw.start()  # warm: the session established, ids in use
         assert wait_until(lambda: gw.status()["uplink"]["delivered"] >= 50, 60), "warm run"
         assert gw.terminate() == 0
         crash = {"PUBCOMP_CRASH_AT": f"{point}:5", "PUBCOMP_CRASH_MARKER": str(marker)}
-        gw.start(env | crash, wait=False)  # it may crash before its health server is up
+        gw.start(crash, wait=False)  # it may crash before its health server is up
         assert gw.proc is not None
         assert gw.proc.wait(60) == -signal.SIGKILL, gw.log.read_text()[-3000:]
         assert marker.read_text().split() == [point], "crashed somewhere else"
@@ -201,12 +201,12 @@ def test_gateway_power_cut_at_break_point_delivers_each_committed_reading_once(
         assert POINTS[point] in {state for _, state in survivors}, survivors
         at_cut = len(cloud.log())
 
-        gw.start(env)  # the sensor goes on; the uplink resumes the session
+        gw.start()  # the sensor goes on; the uplink resumes the session
         assert wait_until(lambda: gw.status()["uplink"]["delivered"] >= 100, 60), "resumed"
         assert gw.terminate() == 0
         gw.sensors = []  # quiet, so the committed set is final and the backlog can reach 0
         gw.write()
-        gw.start(env)
+        gw.start()
         assert wait_until(
             lambda: (u := gw.status()["uplink"])["backlog"] == 0 and u["inflight_messages"] == 0,
             60,

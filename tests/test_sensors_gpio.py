@@ -167,23 +167,52 @@ def test_rpigpio_off_a_pi_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.parametrize(
-    ("model", "backend"),
+    ("model", "backends"),
     [
-        (b"Raspberry Pi 5 Model B Rev 1.0\x00", "gpiozero"),
-        (b"Raspberry Pi 4 Model B Rev 1.5\x00", "rpigpio"),
-        (b"Raspberry Pi Zero 2 W Rev 1.0\x00", "rpigpio"),
-        (b"Pine64 RockPro64\x00", "simulated"),
-        (None, "simulated"),
+        (b"Raspberry Pi 5 Model B Rev 1.0\x00", ("gpiozero",)),
+        (b"Raspberry Pi Compute Module 5 Rev 1.0\x00", ("gpiozero",)),  # a Pi 5 (issue 25)
+        (b"Raspberry Pi Compute Module 5 Lite Rev 1.0\x00", ("gpiozero",)),
+        (b"Raspberry Pi 500 Rev 1.0\x00", ("gpiozero",)),
+        (b"Raspberry Pi Compute Module 4 Rev 1.1\x00", ("rpigpio", "gpiozero")),
+        (b"Raspberry Pi 4 Model B Rev 1.5\x00", ("rpigpio", "gpiozero")),
+        (b"Raspberry Pi Zero 2 W Rev 1.0\x00", ("rpigpio", "gpiozero")),
+        (b"Pine64 RockPro64\x00", ("gpiozero", "rpigpio")),
+        (None, ("gpiozero", "rpigpio")),  # masked (a container): real backends all the same
     ],
 )
-def test_auto_picks_by_board_and_says_why(
-    tmp_path: Path, model: bytes | None, backend: str
+def test_auto_tries_the_real_backends_best_first_and_says_why(
+    tmp_path: Path, model: bytes | None, backends: tuple[str, ...]
 ) -> None:
     path = tmp_path / "model"
     if model is not None:
         path.write_bytes(model)
     picked, why = detect(path)
-    assert picked == backend and why
+    assert picked == backends and why
+
+
+def test_auto_fails_loudly_rather_than_simulate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No model file and no GPIO library that loads (a container, a laptop): an error that
+    says what to do, never fake pins (which made up pulses with simulated_rate_hz)."""
+    import gpiozero
+
+    monkeypatch.setitem(sys.modules, "RPi", None)  # not installed
+    monkeypatch.setattr(gpiozero.Device, "pin_factory", None)  # lgpio: no gpiochip here
+    with pytest.raises(GPIOUnavailable) as err:
+        make_factory("auto", model_path=tmp_path / "no-such-model")
+    text = str(err.value)
+    assert "cannot read" in text and "gpio: simulated" in text
+    assert "rpigpio: RPi.GPIO cannot be used here" in text and "gpiozero:" in text
+
+
+def test_auto_takes_the_first_backend_that_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpiozero
+
+    monkeypatch.setitem(sys.modules, "RPi", None)
+    monkeypatch.setattr(gpiozero.Device, "pin_factory", MockFactory())  # "lgpio" loads
+    factory = make_factory("auto", model_path="/nonexistent/model")
+    assert factory.name == "gpiozero"
 
 
 def test_digital_input_reports_debounced_changes_and_heartbeats() -> None:

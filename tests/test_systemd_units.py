@@ -82,6 +82,21 @@ def test_gateway_unit_directives() -> None:
     assert d["StartLimitBurst"] and d["StartLimitIntervalSec"]
 
 
+def test_gateway_unit_states_its_descriptor_limit_above_the_connection_limit() -> None:
+    """Issue 25: 1,100 idle sockets reached the 1,024 descriptors systemd gave the unit and
+    the accept loop logged a traceback per try. The unit states LimitNOFILE, and the ingress's
+    default connection limit plus what the rest of the gateway needs stays below it."""
+    from pubcomp.gateway.config import IngressSection
+    from pubcomp.gateway.ingress import FD_RESERVE
+
+    d = _directives(Path(__file__).parent.parent / "systemd" / "pubcomp-gateway.service")
+    (limit,) = d["LimitNOFILE"]
+    assert IngressSection().max_connections + FD_RESERVE <= int(limit)
+    # No test hook reaches the product from /etc/pubcomp/environment.
+    unset = " ".join(d["UnsetEnvironment"]).split()
+    assert {"PUBCOMP_CRASH_AT", "PUBCOMP_COMMIT_LOG", "PUBCOMP_CLOCK_KERNEL"} <= set(unset)
+
+
 def test_record_security_exposure(tmp_path: Path) -> None:
     unit = _local_copy(UNITS[0].parent / "pubcomp-gateway.service", tmp_path)
     out = subprocess.run(

@@ -60,8 +60,7 @@ def _stored_together(path: Path, n: int) -> set[str]:
     sensor readings): stored packed, up to 100 to an outbox row."""
     with Store(path, gateway_id="gw1") as s:
         first, last = s.append(
-            Reading(f"s{i % 3}", float(i), "2026-11-25T00:00:00.000Z", "C")
-            for i in range(n)
+            Reading(f"s{i % 3}", float(i), "2026-11-25T00:00:00.000Z", "C") for i in range(n)
         )
         return {f"gw1/{s.epoch}/{q}" for q in range(first, last + 1)}
 

@@ -1,7 +1,9 @@
 """Simulated pins for the demo and for development away from a Pi.
 
 A pin can be driven by hand (``drive``) or made to pulse at a rate (a rain
-gauge, a water meter) from a background thread.
+gauge, a water meter) from a background thread. Only ``gpio: simulated`` gives
+these (``auto`` never does), and the gateway flags what drivers read from them
+``simulated`` (``SIMULATED``): fake data must say so in the data.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import threading
 import time
 
 from . import PULLS, EdgeCallback
+
+SIMULATED = "simulated"  # the reading flag (docs/wire-format.md)
 
 
 class SimulatedPin:
@@ -57,6 +61,7 @@ class SimulatedPin:
 
 class SimulatedFactory:
     name = "simulated"
+    simulated = True  # what reads its pins is not a measurement
 
     def __init__(self) -> None:
         self.pins: dict[int, SimulatedPin] = {}

@@ -44,11 +44,16 @@ class GpiozeroFactory:
         if pin_factory is None:
             try:
                 from gpiozero import Device
+            except ImportError as exc:
+                raise GPIOUnavailable(f"gpiozero is not installed: {exc}") from exc
+            pin_factory = Device.pin_factory  # one set up by the application, if any
+        if pin_factory is None:
+            try:
                 from gpiozero.pins.lgpio import LGPIOFactory
             except ImportError as exc:
                 raise GPIOUnavailable(f"gpiozero/lgpio are not installed: {exc}") from exc
             try:
-                pin_factory = Device.pin_factory or LGPIOFactory()
+                pin_factory = LGPIOFactory()
             except Exception as exc:  # lgpio: "can not open gpiochip" off a Pi
                 raise GPIOUnavailable(f"gpiozero cannot open the GPIO chip: {exc}") from exc
         self._factory = pin_factory
