@@ -248,10 +248,14 @@ class Ingest:
         if self.acks is not None:
             links.append(asyncio.create_task(self.acks.run(stop)))
         try:
-            done, _ = await asyncio.wait([committer, *links], return_when=asyncio.FIRST_COMPLETED)
-            if committer in done:
-                committer.result()  # a failed write or fsync: nothing held may go out
-            await asyncio.gather(*links)
+            # Until every link has ended (a stop): whichever task fails first, the
+            # committer (a failed write or fsync: nothing held may go out) or a link,
+            # raises here, and the rest are stopped below.
+            pending = {committer, *links}
+            while not all(t.done() for t in links):
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    t.result()
         finally:
             await cancel_all(links)
             # Never cancelled mid-write: its worker thread would go on writing (or
