@@ -13,7 +13,7 @@ from pubcomp.pipeline.audit import landed
 
 from .procs import track
 
-__all__ = ["IngestProc", "landed", "rejected"]
+__all__ = ["IngestProc", "landed", "malformed_lines", "rejected"]
 
 
 class IngestProc:
@@ -73,3 +73,19 @@ def rejected(landing: Path) -> list[dict[str, str]]:
         for f in sorted(landing.glob("_rejected/date=*/*.jsonl"))
         for line in f.read_text().splitlines()
     ]
+
+
+def malformed_lines(landing: Path) -> list[str]:
+    """Lines of rolled files (readings, ``_rejected``, ``_status``: where Spark, the audit
+    and the fleet view read) that are not a JSON object: ``file:line: repr``."""
+    bad = []
+    for pattern in ("date=*/*.jsonl", "_rejected/date=*/*.jsonl", "_status/date=*/*.jsonl"):
+        for f in sorted(landing.glob(pattern)):
+            for n, line in enumerate(f.read_bytes().split(b"\n")[:-1], 1):
+                try:
+                    ok = isinstance(json.loads(line), dict)
+                except ValueError:
+                    ok = False
+                if not ok:
+                    bad.append(f"{f.relative_to(landing)}:{n}: {line[:80]!r}")
+    return bad

@@ -156,7 +156,12 @@ class Ingest:
             message_records=True,
         )
         self.rejects = LandingWriter(
-            self.landing, writer, sub="_rejected", max_bytes=max_file_bytes, max_age_s=60.0
+            self.landing,
+            writer,
+            sub="_rejected",
+            max_bytes=max_file_bytes,
+            max_age_s=60.0,
+            message_records=True,  # each rejection line carries its receive record: sealed
         )
         self.validator = wire.validator(wire.CLOUD_SCHEMA)
         self.stats = IngestStats()
