@@ -175,3 +175,19 @@ def test_seal_refuses_a_message_without_its_record_last() -> None:
         seal(b'{"id":"a/b/1"}\n')
     with pytest.raises(ValueError):
         seal(b'{"id":"a/b/1","_mqtt":{"qos":2}}\n{"id":"a/b/2"}\n')
+
+
+def test_the_sweep_in_bench_runs_and_the_old_recovery_fails_it() -> None:
+    """bench/ingest_writeback.py's replay, small: the current recovery faults on no seed,
+    the one before the seal (same bytes, same run) on some."""
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parent.parent / "bench" / "ingest_writeback.py"
+    res = subprocess.run(
+        [sys.executable, str(bench), "--replay", "60"], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    rows = {ln.split()[0]: ln.split()[1:] for ln in res.stdout.splitlines() if ln[:14].strip()}
+    assert rows["now"] == ["0", "0", "0", "0"], res.stdout
+    assert int(rows["9dbb07f"][3]) > 0, res.stdout

@@ -82,6 +82,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = 1
 PAGE = 4096  # a flash page as the kernel writes it back
@@ -337,13 +338,15 @@ class Image:
                 self._enter_durable(ino)
                 self.durable[parent][name] = ino
 
-    def writeback(self, rng: random.Random) -> dict[str, int]:
+    def writeback(self, rng: random.Random) -> dict[str, Any]:
         """What the disk holds when the power goes, beyond what was fsynced (rules 4-6):
         a prefix of the pending metadata operations, then a random subset of every
-        durable file's dirty pages, some torn. Returns what it did."""
+        durable file's dirty pages, some torn. Returns what it did (``dirty``: the
+        files that had unsynced pages, by name, with how many)."""
         with self.lock:
             done = {"ops_committed": 0, "ops_dropped": 0, "pages_written_back": 0}
             done |= {"pages_torn": 0, "pages_left": 0}
+            dirty: dict[str, int] = {}
             k = rng.randint(0, len(self.pending))
             for op in self.pending[:k]:
                 self._apply(op)
@@ -353,13 +356,16 @@ class Image:
             for ino in sorted(self.durable_modes):
                 node = self.inodes.get(ino)
                 if node is not None and not node.is_dir and ino in reachable:
-                    self._write_back(node, rng, done)
+                    pages = self._write_back(node, rng, done)
+                    if pages:
+                        names = [name for _, name in self._names(ino)] or [f"#{ino}"]
+                        dirty[names[0]] = pages
             self._save_tree()
             for key, n in done.items():
                 setattr(self.stats, key, getattr(self.stats, key) + n)
-            return done
+            return {**done, "dirty": dirty}
 
-    def _write_back(self, node: Inode, rng: random.Random, done: dict[str, int]) -> None:
+    def _write_back(self, node: Inode, rng: random.Random, done: dict[str, int]) -> int:
         blob = self.backing / "inodes" / str(node.ino)
         blob.touch()
         live = node.data
@@ -393,6 +399,7 @@ class Image:
             if pages and rng.random() < 0.25:
                 end = max(end, len(live))  # the size was committed before the data
             f.truncate(end)
+        return len(pages)
 
     # -- the live image ---------------------------------------------------------------
 
