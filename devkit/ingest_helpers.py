@@ -90,8 +90,8 @@ def malformed_lines(landing: Path) -> list[str]:
     for pattern in ("date=*/*.jsonl", "_rejected/date=*/*.jsonl", "_status/date=*/*.jsonl"):
         for f in sorted(landing.glob(pattern)):
             for n, line in enumerate(f.read_bytes().split(b"\n")[:-1], 1):
-                try:
-                    ok = isinstance(json.loads(line), dict)
+                try:  # as UTF-8: from bytes, json.loads would guess UTF-16 from zeros
+                    ok = isinstance(json.loads(line.decode("utf-8")), dict)
                 except ValueError:
                     ok = False
                 if not ok:
@@ -164,7 +164,7 @@ def json_lines(landing: Path, pattern: str) -> Iterator[dict[str, Any]]:
             continue
         for line in data.splitlines():
             try:
-                rec = json.loads(line)
+                rec = json.loads(line.decode("utf-8"))
             except ValueError:
                 continue
             if isinstance(rec, dict):

@@ -99,8 +99,10 @@ def _seal_at(data: bytes, start: int, nl: int) -> tuple[int, bool] | None:
 
 
 def _json_object(line: bytes) -> bool:
+    # Decoded as UTF-8 first: given bytes, json.loads guesses UTF-16 or -32 from zero
+    # bytes, and b"\0{\0}" would pass as {}.
     try:
-        return isinstance(json.loads(line), dict)
+        return isinstance(json.loads(line.decode("utf-8")), dict)
     except ValueError:  # UnicodeDecodeError too: a hole of 0xff, say
         return False
 

@@ -170,6 +170,11 @@ def test_a_plain_file_is_cut_at_its_first_line_that_is_not_json(tmp_path: Path) 
     assert b"\0" not in kept
 
 
+def test_a_line_with_zero_bytes_never_passes_as_json() -> None:
+    """Given bytes, json.loads guesses UTF-16 from zero bytes: b"\\0{\\0}" would be {}."""
+    assert verified_length(b'{"a":1}\n\0{\0}\n{"b":2}\n', messages=False) == 8
+
+
 def test_seal_refuses_a_message_without_its_record_last() -> None:
     with pytest.raises(ValueError):
         seal(b'{"id":"a/b/1"}\n')
