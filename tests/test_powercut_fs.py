@@ -320,3 +320,52 @@ def test_sqlite_wal_survives_writeback_cuts_inside_its_checkpoints(tmp_path: Pat
             assert len(rows) >= done, f"cut {cut} (seed 7:{cut}) lost a committed transaction"
             done = len(rows)
     assert sum(c["pages_written_back"] + c["pages_torn"] for c in d.cut_log) > 0
+    assert all("t.db" in c["dirty"] for c in d.cut_log), "a cut outside the checkpoint"
+
+
+STORE_WRITER = """
+import sys
+from pubcomp.sync.store import Reading, Store
+store = Store(sys.argv[1], gateway_id="gw1")
+i = 0
+while True:
+    first, last = store.append([Reading("s", float(i), "2026-11-25T00:00:00.000Z", "C")] * 3)
+    print(first, last, flush=True)  # append returned: committed, fsynced
+    i += 1
+    if i % 30 == 0:
+        print("checkpoint", flush=True)
+        sys.stdin.readline()
+        store.checkpoint()  # what a gateway does on a full disk: TRUNCATE
+"""
+
+
+def test_the_gateway_store_survives_writeback_cuts_inside_its_checkpoints(tmp_path: Path) -> None:
+    """The gateway's own ``Store`` (sync/store.py), appending, cut by the writeback model
+    right after one of its checkpoint's first writes, 6 seeds: every append that
+    returned is there, and the store opens without being moved aside as corrupt."""
+    from pubcomp.sync.store import Store
+
+    with PowerCutMount(tmp_path / "b", tmp_path / "m", writeback=11) as d:
+        path = d.path / "state" / "gw.db"
+        committed: set[int] = set()
+        for cut in range(6):
+            cmd = [sys.executable, "-c", STORE_WRITER, str(path)]
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None and proc.stdin is not None
+            while (line := proc.stdout.readline().strip()) != "checkpoint":
+                first, last = map(int, line.split())
+                committed |= set(range(first, last + 1))
+            d.arm(1 + cut % 3)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert d.wait_frozen(30), "the checkpoint wrote nothing"
+            d.cut(proc)
+            for line in proc.stdout.read().splitlines():
+                if line[:1].isdigit():
+                    first, last = map(int, line.split())
+                    committed |= set(range(first, last + 1))
+            with Store(path, gateway_id="gw1") as store:
+                assert store.moved_aside is None, f"cut {cut} (seed 11:{cut}): corrupt"
+                kept = store.count_between(min(committed), max(committed))
+            assert kept >= len(committed), f"cut {cut} (seed 11:{cut}) lost committed readings"
+        assert any("gw.db" in c.get("dirty", {}) for c in d.cut_log), "no cut in the database"
