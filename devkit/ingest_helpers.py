@@ -180,7 +180,7 @@ def count(landing: Path, incoming: bool = False) -> collections.Counter[str]:
     return ids
 
 
-def settled(progress: Callable[[], int], goal: int, quiet_s: float = 5.0) -> None:
+def settled(progress: Callable[[], int], goal: int, quiet_s: float = 10.0) -> None:
     """Wait until ``progress()`` reaches ``goal``, or has not moved for ``quiet_s``
     (what the broker had is delivered: the rest was lost), within a minute."""
     last, since, deadline = -1, time.monotonic(), time.monotonic() + 60
