@@ -59,7 +59,11 @@ ALICE (OSDI '14) and CrashMonkey (OSDI '18) studies explore. With the same
 seed and the same live image the outcome is the same (the model's tests
 replay it); a process test's live image depends on timing, so its seed names
 the choices, not the bytes. Never a state no disk could reach: fsynced bytes
-and names are never touched, sectors are whole, metadata is a prefix.
+and names are never touched, sectors are whole, pending metadata lands as a
+prefix (rule 1 may already have made one file's names durable ahead of
+others', as a per-file fsync does on F2FS; ``journal=True`` commits them all).
+Beyond ``MAX_OPS`` pending operations the oldest half is committed, as the
+journal's periodic commit would have done long before.
 
 Where ext4 would keep more: its journal commits every few seconds on its own
 (we assume the cut comes first), an fsync commits other files' metadata in the
