@@ -53,6 +53,7 @@ bench: setup
 	$(PY) bench/node_tls.py
 	$(PY) bench/peers_restart.py
 	$(PY) bench/outbox_sqlitedict.py
+	$(PY) bench/ingest_writeback.py --processes 10
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out .cache tests/firmware/node_modules

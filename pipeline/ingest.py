@@ -161,7 +161,12 @@ class Ingest:
             message_records=True,
         )
         self.rejects = LandingWriter(
-            self.landing, writer, sub="_rejected", max_bytes=max_file_bytes, max_age_s=60.0
+            self.landing,
+            writer,
+            sub="_rejected",
+            max_bytes=max_file_bytes,
+            max_age_s=60.0,
+            message_records=True,  # each rejection line carries its receive record: sealed
         )
         self.validator = wire.validator(wire.CLOUD_SCHEMA)
         self.stats = IngestStats()
@@ -196,7 +201,11 @@ class Ingest:
         """The QoS 2 ids (and digests) in the last ``RECOVER_MESSAGES`` records a session.
 
         An id may appear with several digests (reused after a release): a resend that
-        matches any of them is a message already landed."""
+        matches any of them is a message already landed. Only records that verify are
+        read (``LandingWriter.receive_records``: a sealed record whose CRC covers its
+        message's lines; the writers' recovery has already cut and quarantined what
+        did not verify), so a record whose lines never reached the disk cannot make a
+        resend look landed (issue 24)."""
         found: dict[str, dict[int, set[str]]] = {k: {} for k in keys}
         limit = RECOVER_MESSAGES * len(keys)  # records of any session: the read is bounded
         for source in (self.readings, self.rejects):

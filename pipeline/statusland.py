@@ -10,9 +10,12 @@ drops it by its ``id``).
 
 Each message is one line, the message as sent plus ``received`` (the ingest's
 UTC time), written and fsynced before its PUBACK, so a status acknowledged is
-a status landed. A message that is not a valid ``gateway-status.v1`` goes to
-``_rejected/`` with the reason. Layout (Spark skips the ``_`` folders when it
-reads the readings)::
+a status landed. After a power cut the file's unsynced tail may hold torn
+lines or holes of zeros: the next start keeps its lines up to the first that
+is not a JSON object and quarantines the rest (``landing.verified_length``),
+none of which was acknowledged, so the broker delivers it again. A message
+that is not a valid ``gateway-status.v1`` goes to ``_rejected/`` with the
+reason. Layout (Spark skips the ``_`` folders when it reads the readings)::
 
     _status/date=YYYY-MM-DD/status-{writer}-{stamp}-{n}.jsonl
 """

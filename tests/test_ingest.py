@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -204,17 +205,24 @@ def test_landing_writer_recovers_a_torn_file(tmp_path: Path) -> None:
 def test_landing_writer_cuts_an_unfinished_message(tmp_path: Path) -> None:
     """A message's lines end with its receive record; lines after the last record are
     the start of a message never acknowledged (a kill or power cut inside the write).
-    Recovery cuts them, so the broker's resend lands that message once."""
+    Recovery cuts them (keeping them in ``_quarantine``), so the broker's resend lands
+    that message once."""
     w = LandingWriter(tmp_path, "w1", max_age_s=3600, message_records=True)
-    done = b'{"id":"a/b/2","_mqtt":{"session":"s","packet_id":1,"qos":2,"digest":"d"}}\n'
-    w.append([b'{"id":"a/b/1"}\n', done])
+    record = b'"_mqtt":{"session":"s","packet_id":1,"qos":2,"digest":"d"}}\n'
+    w.append([b'{"id":"a/b/1"}\n{"id":"a/b/2",' + record])  # one message, sealed here
     path = next((tmp_path / "_incoming").rglob("w1-*.jsonl"))
+    done = path.read_bytes()
+    n = done.index(b',"length":')  # the seal: the message's length to here, and a CRC
+    head = done[:n] + b',"length":%d' % n
+    assert done == head + b',"crc32":"%08x"}}\n' % zlib.crc32(head)
     with path.open("ab") as f:
         f.write(b'{"id":"a/b/3"}\n{"id":"a/b/4"}\n{"id":"a/b/5"')  # no record: unfinished
     w2 = LandingWriter(tmp_path, "w1", message_records=True)
     files = list(tmp_path.glob("date=*/*.jsonl"))
-    assert len(files) == 1 and files[0].read_bytes() == b'{"id":"a/b/1"}\n' + done
+    assert len(files) == 1 and files[0].read_bytes() == done
     assert list(w2.receive_records()) == [{"session": "s", "packet_id": 1, "qos": 2, "digest": "d"}]
+    cut = (tmp_path / "_quarantine" / "readings" / f"{path.name}.{len(done)}").read_bytes()
+    assert cut == b'{"id":"a/b/3"}\n{"id":"a/b/4"}\n{"id":"a/b/5"'
 
 
 def test_sigkill_between_write_and_pubrec_then_the_pipeline_has_each_once(

@@ -217,3 +217,155 @@ def test_a_dying_card_turns_read_only_or_fails_with_eio_and_reads_go_on(
     disk.cut()
     assert (m / "after").read_bytes() == b"healed"
     assert (m / "kept").read_bytes() == b"durable"
+
+
+# -- writeback mode (model.py rules 4-6; tests/test_powercut_writeback.py has the model's) --
+
+LOGGER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+i = 0
+while True:
+    os.write(fd, b"%07d" % i + b"." * 92 + b"\\n")  # 100 bytes: a tail spans sectors
+    if i % 20 == 19:
+        os.fsync(fd)
+        print(i, flush=True)  # after the fsync returned
+    i += 1
+"""
+
+
+def test_writeback_keeps_what_was_fsynced_and_a_seeded_part_of_the_rest(tmp_path: Path) -> None:
+    """A log fsynced every 20 lines, cut right after a write (``arm``): every line the
+    last fsync covered is there, whole, at every cut; beyond it the disk holds, by the
+    seed, nothing, whole lines or lines with holes (zeros), never another byte: the
+    strict model would keep nothing there. The seed of each cut is logged."""
+    expected = b"".join(b"%07d" % i + b"." * 92 + b"\n" for i in range(10_000))
+    tails: list[bytes] = []
+    with PowerCutMount(tmp_path / "b", tmp_path / "m", writeback=42) as d:
+        log = d.path / "log"
+        for cut in range(8):
+            cmd = [sys.executable, "-c", LOGGER, str(log)]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            d.arm(3 + 7 * cut)  # some land on a line that is not the last before its fsync
+            assert d.wait_frozen(30)
+            d.cut(proc)
+            last = max(int(x) for x in [first, *proc.stdout.read().split()])
+            kept = log.read_bytes()
+            synced = 100 * (last + 1)
+            assert kept[:synced] == expected[:synced], cut  # every fsynced line, whole
+            tail = kept[synced:]
+            assert len(tail) <= 100 * 20, cut
+            assert all(b in (0, e) for b, e in zip(tail, expected[synced:], strict=False)), cut
+            tails.append(tail)
+            os.unlink(log)  # the next run starts a new log
+            fsync_dir(d.path)
+    assert [c["seed"] for c in d.cut_log] == [f"42:{i}" for i in range(8)]
+    assert any(tails), "writeback never kept an unsynced byte: the mode is off"
+    assert any(0 in t for t in tails), "no hole in any unsynced tail"
+
+
+CHECKPOINTER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA page_size=512")  # the gateway store's settings (sync/store.py)
+db.execute("PRAGMA journal_mode=WAL")
+db.execute("PRAGMA synchronous=FULL")
+db.execute("PRAGMA wal_autocheckpoint=0")
+db.execute("CREATE TABLE IF NOT EXISTS t (i INTEGER PRIMARY KEY, pad BLOB)")
+i = (db.execute("SELECT max(i) FROM t").fetchone()[0] or -1) + 1
+while True:
+    db.execute("BEGIN")
+    db.execute("INSERT INTO t VALUES (?, randomblob(300))", (i,))
+    db.execute("COMMIT")
+    print(i, flush=True)  # after COMMIT returned: the transaction is committed
+    i += 1
+    if i % 25 == 0:
+        print("checkpoint", flush=True)
+        sys.stdin.readline()  # the test arms the cut, then lets the checkpoint run
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+"""
+
+
+def test_sqlite_wal_survives_writeback_cuts_inside_its_checkpoints(tmp_path: Path) -> None:
+    """The gateway store's SQLite settings (512-byte pages, WAL, synchronous=FULL, TRUNCATE
+    checkpoints) cut by the writeback model while a checkpoint copies the WAL into the
+    database file (torn database pages, a torn -shm, a WAL truncation that may or may not
+    land), 8 seeds: every committed transaction is there, integrity_check is ok, and the
+    next checkpoint succeeds. The WAL's frame checksums and salts decide what counts."""
+    with PowerCutMount(tmp_path / "b", tmp_path / "m", writeback=7) as d:
+        path = d.path / "t.db"
+        done = 0
+        for cut in range(8):
+            cmd = [sys.executable, "-c", CHECKPOINTER, str(path)]
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None and proc.stdin is not None
+            while (line := proc.stdout.readline().strip()) != "checkpoint":
+                done = int(line) + 1
+            d.arm(1 + cut % 4)  # one of the checkpoint's first writes
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert d.wait_frozen(30), "the checkpoint wrote nothing"
+            d.cut(proc)
+            done += len([x for x in proc.stdout.read().split() if x.isdigit()])
+            db = sqlite3.connect(path)
+            try:
+                assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok", cut
+                rows = [r[0] for r in db.execute("SELECT i FROM t ORDER BY i")]
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                db.close()
+            assert rows == list(range(len(rows))), cut  # a prefix, never a hole
+            assert len(rows) >= done, f"cut {cut} (seed 7:{cut}) lost a committed transaction"
+            done = len(rows)
+    assert sum(c["pages_written_back"] + c["pages_torn"] for c in d.cut_log) > 0
+    assert all("t.db" in c["dirty"] for c in d.cut_log), "a cut outside the checkpoint"
+
+
+STORE_WRITER = """
+import sys
+from pubcomp.sync.store import Reading, Store
+store = Store(sys.argv[1], gateway_id="gw1")
+i = 0
+while True:
+    first, last = store.append([Reading("s", float(i), "2026-11-25T00:00:00.000Z", "C")] * 3)
+    print(first, last, flush=True)  # append returned: committed, fsynced
+    i += 1
+    if i % 30 == 0:
+        print("checkpoint", flush=True)
+        sys.stdin.readline()
+        store.checkpoint()  # what a gateway does on a full disk: TRUNCATE
+"""
+
+
+def test_the_gateway_store_survives_writeback_cuts_inside_its_checkpoints(tmp_path: Path) -> None:
+    """The gateway's own ``Store`` (sync/store.py), appending, cut by the writeback model
+    right after one of its checkpoint's first writes, 6 seeds: every append that
+    returned is there, and the store opens without being moved aside as corrupt."""
+    from pubcomp.sync.store import Store
+
+    with PowerCutMount(tmp_path / "b", tmp_path / "m", writeback=11) as d:
+        path = d.path / "state" / "gw.db"
+        committed: set[int] = set()
+        for cut in range(6):
+            cmd = [sys.executable, "-c", STORE_WRITER, str(path)]
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None and proc.stdin is not None
+            while (line := proc.stdout.readline().strip()) != "checkpoint":
+                first, last = map(int, line.split())
+                committed |= set(range(first, last + 1))
+            d.arm(1 + cut % 3)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert d.wait_frozen(30), "the checkpoint wrote nothing"
+            d.cut(proc)
+            for line in proc.stdout.read().splitlines():
+                if line[:1].isdigit():
+                    first, last = map(int, line.split())
+                    committed |= set(range(first, last + 1))
+            with Store(path, gateway_id="gw1") as store:
+                assert store.moved_aside is None, f"cut {cut} (seed 11:{cut}): corrupt"
+                kept = store.count_between(min(committed), max(committed))
+            assert kept >= len(committed), f"cut {cut} (seed 11:{cut}) lost committed readings"
+        assert any("gw.db" in c.get("dirty", {}) for c in d.cut_log), "no cut in the database"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,9 +104,13 @@ def check_resume(resumed: list[Packet], survivors: list[tuple[int | None, str]])
     assert all(dup == 0 for _, _, dup in new), "a new PUBLISH marked DUP"
 
 
-@pytest.fixture
-def disk(tmp_path: Path) -> Iterator[PowerCutMount]:
-    with PowerCutMount(tmp_path / "backing", tmp_path / "disk") as d:
+@pytest.fixture(params=["strict", "writeback"])
+def disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PowerCutMount]:
+    """Each case in both power-cut models: the strict one (only what was fsynced survives)
+    and writeback (a seeded subset of the unsynced pages too, some torn, holes reading as
+    zeros: what SQLite's WAL checksums are for), the seed fixed per case."""
+    seed = zlib.crc32(request.node.nodeid.encode()) if request.param == "writeback" else None
+    with PowerCutMount(tmp_path / "backing", tmp_path / "disk", writeback=seed) as d:
         yield d
 
 

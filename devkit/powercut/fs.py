@@ -10,6 +10,15 @@ carry; reads go on), ``eio`` (the same calls, and every fsync, fail with EIO)
 and ``heal`` (both gone; what was durable before stays so).
 A cut is: freeze, SIGKILL the programs using the mount, SIGKILL this process
 (its memory is the volatile state), unmount; mount.py does that.
+
+Writeback mode (``--writeback``, model.py rules 4-6): ``freeze SEED`` first lets
+``random.Random(SEED)`` choose what background writeback had carried to the
+backing directory (the reply says what), and ``arm N SEED`` freezes by itself
+right after the N-th write from now has reached the live image, before the
+writer can fsync it: the write-then-cut moment, hit every time.
+``--write-delay S`` makes every write return S seconds late (after it is in
+the live image), so cuts at random times fall between a write and its fsync
+more often. ``ping`` says whether the file system is frozen.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import errno
 import functools
 import json
 import os
+import random
 import socket
 import stat
 import threading
@@ -68,7 +78,7 @@ def mutating(fn: F) -> F:
     @functools.wraps(fn)
     def call(self: PowerCutFS, *args: Any) -> Any:
         if self.fault is not None:
-            self.refused[fn.__name__] += 1
+            self.refused[fn.__name__.lstrip("_")] += 1
             raise FsError(FAULTS[self.fault])
         return fn(self, *args)
 
@@ -78,10 +88,13 @@ def mutating(fn: F) -> F:
 class PowerCutFS(mfusepy.Operations):
     use_ns = True
 
-    def __init__(self, image: Image, fsync_delay: float = 0.0) -> None:
+    def __init__(self, image: Image, fsync_delay: float = 0.0, write_delay: float = 0.0) -> None:
         self.image = image
         self.fsync_delay = fsync_delay
+        self.write_delay = write_delay
         self.frozen = threading.Event()
+        self.armed: tuple[int, str] | None = None  # (writes left, seed): freeze after them
+        self.at_freeze: dict[str, Any] = {}  # what writeback did when the power went
         self.handles: Counter[int] = Counter()
         self.fault: str | None = None  # "readonly" or "eio": a dying card (FAULTS)
         self.refused: Counter[str] = Counter()  # calls a fault refused, by name
@@ -182,10 +195,33 @@ class PowerCutFS(mfusepy.Operations):
     def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
         return bytes(self.image.inodes[fh].data[offset : offset + size])
 
+    def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
+        n = self._write(path, data, offset, fh)
+        if self.write_delay:
+            time.sleep(self.write_delay)  # in the live image, not yet returned: no fsync yet
+        return n
+
     @gated
     @mutating
-    def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
-        return self.image.write(fh, data, offset)
+    def _write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
+        n = self.image.write(fh, data, offset)
+        if self.armed is not None:
+            left, seed = self.armed
+            self.armed = (left - 1, seed) if left > 1 else None
+            if left <= 1:
+                self._freeze(seed)  # under the lock: nothing else happens after this write
+        return n
+
+    def _freeze(self, seed: str | None) -> dict[str, Any]:
+        """The power goes: from now on every call blocks (``gated``). In writeback mode the
+        seed chooses what had reached the disk. Call with the image lock held."""
+        if not self.frozen.is_set():
+            self.frozen.set()
+            self.at_freeze = {"frozen": True}
+            if self.image.writeback_mode:
+                done = self.image.writeback(random.Random(seed))
+                self.at_freeze |= {"seed": seed, **done}
+        return self.at_freeze
 
     @gated
     @mutating
@@ -255,12 +291,15 @@ class PowerCutFS(mfusepy.Operations):
         while True:
             conn, _ = srv.accept()
             with conn:
-                cmd = conn.recv(64).decode().strip()
+                cmd, _, arg = conn.recv(256).decode().strip().partition(" ")
                 if cmd == "freeze":
-                    self.frozen.set()
                     with self.image.lock:  # an fsync under way finishes first, then nothing
-                        pass
-                    reply: dict[str, Any] = {"frozen": True}
+                        reply: dict[str, Any] = self._freeze(arg or None)
+                elif cmd == "arm":
+                    writes, _, seed = arg.partition(" ")
+                    with self.image.lock:
+                        self.armed = (max(1, int(writes)), seed)
+                    reply = {"armed": int(writes)}
                 elif cmd == "stats":
                     with self.image.lock:
                         reply = self.image.stats.as_dict() | {"used": self.image.used()}
@@ -269,7 +308,7 @@ class PowerCutFS(mfusepy.Operations):
                         self.fault = None if cmd == "heal" else cmd
                         reply = {"fault": self.fault, "refused": dict(self.refused)}
                 else:
-                    reply = {"pong": True}
+                    reply = {"pong": True, "frozen": self.frozen.is_set()}
                 conn.sendall(json.dumps(reply).encode())
 
 
@@ -281,8 +320,13 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=None, help="bytes of file data (ENOSPC)")
     ap.add_argument("--journal", action="store_true", help="any fsync commits every rename")
     ap.add_argument("--fsync-delay", type=float, default=0.0, help="seconds added to each fsync")
+    ap.add_argument("--write-delay", type=float, default=0.0, help="seconds added to each write")
+    ap.add_argument(
+        "--writeback", action="store_true", help="a cut keeps a seeded subset of unsynced pages"
+    )
     args = ap.parse_args()
-    fs = PowerCutFS(Image(args.backing, args.capacity, args.journal), args.fsync_delay)
+    image = Image(args.backing, args.capacity, args.journal, writeback=args.writeback)
+    fs = PowerCutFS(image, args.fsync_delay, args.write_delay)
     threading.Thread(target=fs.control, args=(args.control,), daemon=True).start()
     # hard_remove: an unlinked open file stays reachable by handle, no .fuse_hidden renames.
     mfusepy.FUSE(fs, str(args.mount), foreground=True, hard_remove=True, allow_other=True,

@@ -27,13 +27,52 @@ kinder and closer model of ext4, for every system it compares.
 
 A cut throws the live image away; the next mount starts from the durable one.
 
+**Writeback** (``writeback=True``, ``--writeback``; opt-in, seeded). A real
+disk does not wait for fsync: the kernel writes dirty pages back in the
+background, in no promised order, and the journal commits metadata every few
+seconds. So at a cut, with a seeded ``random.Random`` (``writeback(rng)``):
+
+4. a random *prefix* of the pending metadata operations (creates, mkdirs,
+   renames, unlinks, rmdirs, in the order they were made; a rename is one
+   operation) reaches the durable image: a journal commits in order, never a
+   later operation without an earlier one. An operation leaves the pending
+   list when an fsync commits the names it touched (rules 1 and 2), so replay
+   never undoes what an fsync made durable;
+5. of every durable file's pages dirtied since its last fsync (4 KiB), each is
+   independently absent (the disk keeps what it had), written whole, or *torn*:
+   a random non-empty proper *subset* of its eight 512-byte sectors written,
+   the others keeping what the disk had. Any subset, not only a prefix: a disk
+   promises only that one sector is written whole (its ECC unit; NVMe's
+   atomic write unit is one logical block unless it says more), a 4 KiB write
+   may be split and its pieces completed in any order (an SSD's FTL spreads
+   them over channels; Zheng et al., FAST '13, saw such "shorn" and
+   unserialisable writes on 13 of 15 SSDs), and a prefix is one of the
+   subsets, so what survives any subset survives a prefix;
+6. the file's size covers every sector written (and, one time in four, the
+   whole live size: the size reached the journal before the data, as XFS
+   and ext4 ``data=writeback`` allow), so what was not written reads as
+   zeros (a hole) or as the old bytes; a truncation since the last fsync
+   reaches the disk or not (a coin).
+
+That is what background writeback leaves on ext4, XFS and F2FS, and what the
+ALICE (OSDI '14) and CrashMonkey (OSDI '18) studies explore. With the same
+seed and the same live image the outcome is the same (the model's tests
+replay it); a process test's live image depends on timing, so its seed names
+the choices, not the bytes. Never a state no disk could reach: fsynced bytes
+and names are never touched, sectors are whole, pending metadata lands as a
+prefix (rule 1 may already have made one file's names durable ahead of
+others', as a per-file fsync does on F2FS; ``journal=True`` commits them all).
+Beyond ``MAX_OPS`` pending operations the oldest half is committed, as the
+journal's periodic commit would have done long before.
+
 Where ext4 would keep more: its journal commits every few seconds on its own
 (we assume the cut comes first), an fsync commits other files' metadata in the
 same transaction (here only the file's own names), and ``auto_da_alloc``
 flushes a file's data when it is renamed over another (not here). An fsync is
-atomic here; a torn sector write is not modelled. So this image loses at least
-what ext4 could lose, never less: a program that survives it has not relied
-on luck.
+atomic here. So this image loses at least what ext4 could lose, never less: a
+program that survives it has not relied on luck. Writeback adds what a disk
+may keep *beyond* the fsynced state (pages and names nobody synced, torn
+pages, holes), which is what a recovery that reads un-fsynced bytes trips on.
 """
 
 from __future__ import annotations
@@ -41,16 +80,25 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = 1
 PAGE = 4096  # a flash page as the kernel writes it back
+SECTOR = 512  # what a disk writes whole
 # Beyond this many separate dirty ranges a file's are merged into one (bounded memory).
 MAX_RANGES = 256
+# Writeback: beyond this many pending metadata operations the oldest half is committed,
+# as the journal's periodic commit would have done long before (bounded memory).
+MAX_OPS = 4096
+
+Key = tuple[int, str]  # (directory inode, name)
+Op = dict[Key, "int | None"]  # what one create, rename or unlink does to the names
 
 
 class FsError(OSError):
@@ -65,6 +113,7 @@ class Inode:
     data: bytearray = field(default_factory=bytearray)
     entries: dict[str, int] = field(default_factory=dict)  # directories only
     dirty: list[tuple[int, int]] = field(default_factory=list)  # (start, end) not yet durable
+    low: int | None = None  # the shortest the file was since its last fsync (a truncation)
     mtime: float = field(default_factory=time.time)
 
     @property
@@ -80,6 +129,13 @@ class Stats:
     bytes_synced: int = 0  # bytes fsync carried to the durable image
     pages_synced: int = 0  # 4 KiB pages those bytes touched: what flash programs
     cuts: int = 0
+    # What writeback carried at cuts (writeback mode): pages whole, torn, left behind;
+    # pending metadata operations committed and dropped.
+    pages_written_back: int = 0
+    pages_torn: int = 0
+    pages_left: int = 0
+    ops_committed: int = 0
+    ops_dropped: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -88,9 +144,18 @@ class Stats:
 class Image:
     """The live image, with the durable one in ``backing``. Thread safe (one lock)."""
 
-    def __init__(self, backing: Path, capacity: int | None = None, journal: bool = False) -> None:
+    def __init__(
+        self,
+        backing: Path,
+        capacity: int | None = None,
+        journal: bool = False,
+        writeback: bool = False,
+    ) -> None:
         self.backing = backing
         self.journal = journal
+        self.writeback_mode = writeback
+        self.pending: list[Op] = []  # metadata operations not yet durable (writeback mode)
+        self._committed: set[Key] = set()  # names an fsync under way made durable
         self.capacity = capacity  # bytes of file data; beyond it, ENOSPC
         self.lock = threading.RLock()
         self.stats = Stats()
@@ -163,12 +228,14 @@ class Image:
             self._enter_durable(parent)
             self._enter_durable(ino)
             self.durable[parent][name] = ino
+            self._committed.add((parent, name))
             if parent != ROOT:
                 self._link_durably(parent)
         for parent, entries in self.durable.items():
             for name in [n for n, i in entries.items() if i == ino]:
                 if self.inodes.get(parent) is None or self.inodes[parent].entries.get(name) != ino:
                     del entries[name]
+                    self._committed.add((parent, name))
 
     def _names(self, ino: int) -> list[tuple[int, str]]:
         return [
@@ -190,6 +257,7 @@ class Image:
                 self._commit_namespace()
             if ino in self.durable_modes:
                 self._sync_data(node)
+            self._forget_committed()
             self._save_tree()
 
     def _sync_data(self, node: Inode) -> None:
@@ -206,6 +274,7 @@ class Image:
                     pages.update(range(start // PAGE, (end - 1) // PAGE + 1))
         self.stats.pages_synced += len(pages)
         node.dirty.clear()
+        node.low = None
         self.durable_modes[node.ino] = node.mode
 
     def fsyncdir(self, ino: int) -> None:
@@ -215,11 +284,13 @@ class Image:
             self._enter_durable(ino)
             for child in node.entries.values():
                 self._enter_durable(child)
+            self._committed.update((ino, name) for name in (*self.durable[ino], *node.entries))
             self.durable[ino] = dict(node.entries)
             if ino != ROOT:
                 self._link_durably(ino)
             if self.journal:
                 self._commit_namespace()
+            self._forget_committed()
             self._save_tree()
 
     def _commit_namespace(self) -> None:
@@ -233,6 +304,106 @@ class Image:
                 if self.inodes[child].is_dir:
                     todo.append(child)
             self.durable[d.ino] = dict(d.entries)
+        self.pending.clear()
+
+    # -- writeback (rules 4 to 6) ----------------------------------------------------
+
+    def _log(self, op: Op) -> None:
+        """A metadata operation made live: pending until an fsync or the journal commits it."""
+        if not self.writeback_mode:
+            return
+        self.pending.append(op)
+        if len(self.pending) > MAX_OPS:
+            old, self.pending = self.pending[: MAX_OPS // 2], self.pending[MAX_OPS // 2 :]
+            for o in old:
+                self._apply(o)
+            self.stats.ops_committed += len(old)
+            self._save_tree()
+
+    def _forget_committed(self) -> None:
+        """Drop from the pending operations what an fsync just made durable: replaying an
+        older operation on those names would undo it."""
+        keys, self._committed = self._committed, set()
+        if not keys or not self.pending:
+            return
+        kept = []
+        for op in self.pending:
+            rest = {k: v for k, v in op.items() if k not in keys}
+            if rest:
+                kept.append(rest)
+        self.pending = kept
+
+    def _apply(self, op: Op) -> None:
+        for (parent, name), ino in op.items():
+            self._enter_durable(parent)
+            if ino is None:
+                self.durable[parent].pop(name, None)
+            else:
+                self._enter_durable(ino)
+                self.durable[parent][name] = ino
+
+    def writeback(self, rng: random.Random) -> dict[str, Any]:
+        """What the disk holds when the power goes, beyond what was fsynced (rules 4-6):
+        a prefix of the pending metadata operations, then a random subset of every
+        durable file's dirty pages, some torn. Returns what it did (``dirty``: the
+        files that had unsynced pages, by name, with how many)."""
+        with self.lock:
+            done = {"ops_committed": 0, "ops_dropped": 0, "pages_written_back": 0}
+            done |= {"pages_torn": 0, "pages_left": 0}
+            dirty: dict[str, int] = {}
+            k = rng.randint(0, len(self.pending))
+            for op in self.pending[:k]:
+                self._apply(op)
+            done["ops_committed"], done["ops_dropped"] = k, len(self.pending) - k
+            self.pending = self.pending[k:]
+            reachable = self._durable_reachable()
+            for ino in sorted(self.durable_modes):
+                node = self.inodes.get(ino)
+                if node is not None and not node.is_dir and ino in reachable:
+                    pages = self._write_back(node, rng, done)
+                    if pages:
+                        names = [name for _, name in self._names(ino)] or [f"#{ino}"]
+                        dirty[names[0]] = pages
+            self._save_tree()
+            for key, n in done.items():
+                setattr(self.stats, key, getattr(self.stats, key) + n)
+            return {**done, "dirty": dirty}
+
+    def _write_back(self, node: Inode, rng: random.Random, done: dict[str, int]) -> int:
+        blob = self.backing / "inodes" / str(node.ino)
+        blob.touch()
+        live = node.data
+        with open(blob, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            if node.low is not None and node.low < size and rng.random() < 0.5:
+                f.truncate(node.low)  # the truncation reached the disk
+                size = node.low
+            end = size
+            pages = sorted(
+                {p for s, e in node.dirty if e > s for p in range(s // PAGE, (e - 1) // PAGE + 1)}
+            )
+            per_page = PAGE // SECTOR
+            for page in pages:
+                first = page * per_page
+                sectors = [s for s in range(first, first + per_page) if s * SECTOR < len(live)]
+                fate = rng.randrange(3)
+                if not sectors or fate == 0:
+                    done["pages_left"] += 1
+                    continue
+                if fate == 2 and len(sectors) > 1:
+                    sectors = sorted(rng.sample(sectors, rng.randint(1, len(sectors) - 1)))
+                    done["pages_torn"] += 1
+                else:
+                    done["pages_written_back"] += 1
+                for s in sectors:  # a sector goes whole: past the live end, the page's zeros
+                    data = bytes(live[s * SECTOR : (s + 1) * SECTOR])
+                    f.seek(s * SECTOR)
+                    f.write(data.ljust(SECTOR, b"\0"))
+                    end = max(end, s * SECTOR + len(data))
+            if pages and rng.random() < 0.25:
+                end = max(end, len(live))  # the size was committed before the data
+            f.truncate(end)
+        return len(pages)
 
     # -- the live image ---------------------------------------------------------------
 
@@ -264,6 +435,7 @@ class Image:
             self.inodes[node.ino] = node
             parent.entries[name] = node.ino
             parent.mtime = time.time()
+            self._log({(parent.ino, name): node.ino})
             return node
 
     def remove(self, path: str, want_dir: bool) -> None:
@@ -276,6 +448,7 @@ class Image:
                 raise FsError(errno.ENOTEMPTY)
             del parent.entries[name]
             parent.mtime = time.time()
+            self._log({(parent.ino, name): None})
 
     def rename(self, old: str, new: str) -> None:
         with self.lock:
@@ -290,6 +463,8 @@ class Image:
             del src_parent.entries[src_name]
             dst_parent.entries[dst_name] = node.ino
             src_parent.mtime = dst_parent.mtime = time.time()
+            if (src_parent.ino, src_name) != (dst_parent.ino, dst_name):
+                self._log({(src_parent.ino, src_name): None, (dst_parent.ino, dst_name): node.ino})
 
     def write(self, ino: int, data: bytes, offset: int) -> int:
         with self.lock:
@@ -298,10 +473,11 @@ class Image:
             grow = end - len(node.data)
             if self.capacity is not None and grow > 0 and self.used() + grow > self.capacity:
                 raise FsError(errno.ENOSPC)
+            start = min(offset, len(node.data))  # a gap written past the end is zeros, dirty too
             if offset > len(node.data):
                 node.data.extend(bytes(offset - len(node.data)))
             node.data[offset:end] = data
-            self._dirty(node, offset, end)
+            self._dirty(node, start, end)
             self.stats.writes += 1
             self.stats.bytes_written += len(data)
             return len(data)
@@ -312,6 +488,7 @@ class Image:
             old = len(node.data)
             if length < old:
                 del node.data[length:]
+                node.low = length if node.low is None else min(node.low, length)
             else:
                 node.data.extend(bytes(length - old))
                 self._dirty(node, old, length)
@@ -333,6 +510,8 @@ class Image:
         """Drop live inodes no name and no open file refers to (after unlink + close)."""
         with self.lock:
             named = {c for n in self.inodes.values() if n.is_dir for c in n.entries.values()}
+            # A pending operation may still bring an unlinked file back at a cut.
+            named |= {i for op in self.pending for (p, _), c in op.items() for i in (p, c) if i}
             for ino in list(self.inodes):
                 if ino != ROOT and ino not in named and ino not in open_inodes:
                     del self.inodes[ino]

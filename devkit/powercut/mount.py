@@ -4,6 +4,13 @@ with PowerCutMount(tmp / "backing", tmp / "mnt") as disk:
     proc = start_program(state_dir=disk.path)
     disk.cut(proc)            # the program and every unsynced byte are gone
     start_program(...)        # boots from what was durable
+
+Writeback mode (model.py rules 4-6): ``PowerCutMount(..., writeback=SEED)``.
+Cut number i (from 0) draws its choices from ``random.Random(f"{SEED}:{i}")``;
+each cut prints its seed and what writeback did (pytest shows it with a
+failure) and appends it to ``cut_log``. ``arm(n)`` makes the file system cut
+its own power right after the n-th write from now (before that write can be
+fsynced); ``wait_frozen()`` waits for it, then ``cut(...)`` does the rest.
 """
 
 from __future__ import annotations
@@ -45,9 +52,13 @@ class PowerCutMount:
         capacity: int | None = None,
         journal: bool = False,
         fsync_delay: float = 0.0,
+        writeback: int | str | None = None,
+        write_delay: float = 0.0,
     ) -> None:
         self.backing, self.path, self.capacity, self.journal = backing, mount, capacity, journal
-        self.fsync_delay = fsync_delay
+        self.fsync_delay, self.write_delay = fsync_delay, write_delay
+        self.writeback = writeback  # the base seed; None: the strict fsync-only model
+        self.cut_log: list[dict[str, Any]] = []
         self.control = backing.parent / f".{mount.name}.control"
         self.log = backing.parent / f"{mount.name}.fs.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -71,6 +82,10 @@ class PowerCutMount:
             cmd.append("--journal")
         if self.fsync_delay:
             cmd += ["--fsync-delay", str(self.fsync_delay)]
+        if self.write_delay:
+            cmd += ["--write-delay", str(self.write_delay)]
+        if self.writeback is not None:
+            cmd.append("--writeback")
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
         deadline = time.monotonic() + 20
@@ -86,20 +101,26 @@ class PowerCutMount:
                 s.settimeout(30)
                 s.connect(str(self.control))
                 s.sendall(cmd.encode())
-                return dict(json.loads(s.recv(4096)))
+                return dict(json.loads(s.recv(65536)))
         except OSError:
             if quiet:
                 return None
             raise
 
     def stats(self) -> dict[str, int]:
-        """Counters since the first mount: bytes written, bytes fsynced, fsyncs, cuts."""
+        """Counters since the first mount: bytes written, bytes fsynced, fsyncs, cuts (and
+        what writeback carried at the cuts)."""
         now = self._ask("stats") or {}
         out = dict(self.totals)
         for k, v in now.items():
             out[k] = out.get(k, 0) + v if k != "used" else v
         out["cuts"] = self.cuts
         return out
+
+    def _count(self) -> None:
+        for k, v in (self._ask("stats") or {}).items():
+            if k != "used":
+                self.totals[k] = self.totals.get(k, 0) + v
 
     def readonly(self) -> dict[str, Any]:
         """The card turns read-only (ext4 ``errors=remount-ro``): mutating calls fail with
@@ -114,14 +135,34 @@ class PowerCutMount:
         """The fault is gone (a new card, in effect; what was durable stays)."""
         return self._ask("heal") or {}
 
+    def seed(self) -> str | None:
+        """The seed of the next cut's writeback (None in the strict model)."""
+        return None if self.writeback is None else f"{self.writeback}:{self.cuts}"
+
+    def arm(self, writes: int = 1) -> None:
+        """Cut the power right after the ``writes``-th write from now reaches the page
+        cache, before it can be fsynced; then ``wait_frozen`` and ``cut``."""
+        self._ask(f"arm {writes} {self.seed()}")
+
+    def wait_frozen(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (self._ask("ping") or {}).get("frozen"):
+                return True
+            time.sleep(0.005)
+        return False
+
     def cut(self, *victims: subprocess.Popen[Any] | int) -> None:
         """Power off and on: nothing more reaches the backing directory, the programs
-        using the mount die where they stand, the page cache is gone, then it mounts
-        again from what was fsynced. Restart the programs afterwards."""
-        for k, v in (self._ask("stats") or {}).items():
-            if k != "used":
-                self.totals[k] = self.totals.get(k, 0) + v
-        self._ask("freeze")
+        using the mount die where they stand, the page cache is gone (in writeback mode:
+        all but what the seed lets through), then it mounts again from the backing
+        directory. Restart the programs afterwards."""
+        seed = self.seed()
+        at = self._ask("freeze" if seed is None else f"freeze {seed}") or {}
+        self._count()  # after the freeze: with what writeback carried
+        if seed is not None:
+            self.cut_log.append(at)
+            print(f"powercut: cut {self.cuts} writeback {json.dumps(at)}", flush=True)
         for v in victims:
             pid = v if isinstance(v, int) else v.pid
             with contextlib.suppress(ProcessLookupError):
