@@ -395,7 +395,9 @@ class ReceiverSession:
         landed: Mapping[int, Iterable[str]] | None = None,
     ) -> None:
         self.version = version
-        self.pending: set[int] = set(pending)
+        # Owned ids and the digest of what each carried (None: a previous version's id,
+        # whose message is unknown).
+        self.pending: dict[int, str | None] = dict.fromkeys(pending)
         self.landed: dict[int, set[str]] = {pid: set(d) for pid, d in (landed or {}).items()}
 
     def on_connack(self, session_present: bool) -> None:
@@ -424,24 +426,32 @@ class ReceiverSession:
             # MQTT-4.3.2-2: after PUBACK the same id is a new message; the
             # application's own key (reading id) absorbs a resent QoS 1 message.
             return Deliver(pkt, Puback(pkt.packet_id))
+        digest = message_digest(pkt)
         if pkt.packet_id in self.pending:
-            return Reack(Pubrec(pkt.packet_id))  # MQTT-4.3.3-2: never deliver twice
-        self.pending.add(pkt.packet_id)
+            held = self.pending[pkt.packet_id]
+            if held is None or held == digest:
+                return Reack(Pubrec(pkt.packet_id))  # MQTT-4.3.3-2: never deliver twice
+            # Another message under an id we hold, before its PUBREL: a broker that reused
+            # the id (NATS 2.15 does, after a resumed session: docs/brokers.md). Delivering
+            # it duplicates nothing, and acknowledging it unread would lose it.
+            self.pending[pkt.packet_id] = digest
+            return Deliver(pkt, Pubrec(pkt.packet_id))
+        self.pending[pkt.packet_id] = digest
         digests = self.landed.pop(pkt.packet_id, None)
-        if digests is not None and message_digest(pkt) in digests:
+        if digests is not None and digest in digests:
             return Reack(Pubrec(pkt.packet_id))  # the resend of a message landed before
         return Deliver(pkt, Pubrec(pkt.packet_id))
 
     def refuse(self, pkt: Publish, reason: int) -> Puback | Pubrec:
         """Acknowledge a PUBLISH the application will not keep (5.0 4.3.3-9: id is then free)."""
         assert pkt.packet_id is not None
-        self.pending.discard(pkt.packet_id)
+        self.pending.pop(pkt.packet_id, None)
         code = reason if self.version == MQTT_5 else 0
         return Puback(pkt.packet_id, code) if pkt.qos == 1 else Pubrec(pkt.packet_id, code)
 
     def _on_pubrel(self, pkt: Pubrel) -> Forget | Reply:
         if pkt.packet_id in self.pending or pkt.packet_id in self.landed:
-            self.pending.discard(pkt.packet_id)
+            self.pending.pop(pkt.packet_id, None)
             self.landed.pop(pkt.packet_id, None)
             return Forget(pkt.packet_id, Pubcomp(pkt.packet_id))
         code = Reason.PACKET_IDENTIFIER_NOT_FOUND if self.version == MQTT_5 else 0

@@ -29,11 +29,15 @@ CUTS = 6
 
 
 @pytest.fixture
-def disk(tmp_path: Path) -> Iterator[PowerCutMount]:
-    with PowerCutMount(tmp_path / "backing", tmp_path / "disk") as d:
+def disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PowerCutMount]:
+    """The strict model, or writeback (a seeded subset of unsynced pages reaches the disk,
+    some torn) with the seed a test passes (``indirect``)."""
+    seed = getattr(request, "param", None)
+    with PowerCutMount(tmp_path / "backing", tmp_path / "disk", writeback=seed) as d:
         yield d
 
 
+@pytest.mark.parametrize("disk", [None, 20261125], indirect=True, ids=["strict", "writeback"])
 def test_gateway_power_cuts_while_readings_await_landing_lose_nothing(
     tmp_path: Path, disk: PowerCutMount, persistent_mosquitto: Mosquitto
 ) -> None:
