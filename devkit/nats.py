@@ -117,7 +117,7 @@ class NatsNode:
             self.proc.wait()
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM (lame-duck free, immediate shutdown), SIGKILL if it hangs."""
+        """SIGTERM (a clean shutdown, not lame-duck mode), SIGKILL if it hangs."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
