@@ -140,15 +140,17 @@ def ingest_rate(
             )
             for g in range(gateways)
         ]
-        for u in ups:
-            u.wait(600)
         want = gateways * per_gateway
-        for u in ups:
-            assert u.returncode == 0, u.stderr.read() if u.stderr else ""
         lines = _LineCounter(landing)
         while lines() < want:  # counting newlines: cheap, unlike parsing
+            assert all(u.poll() in (None, 0) for u in ups), "an uplink failed"
             time.sleep(0.2)
+        # The rate is the landing's; the uplinks exit after (end to end: once the last
+        # acknowledgement has let their readings go, up to a second and a commit later).
         elapsed = time.monotonic() - t0
+        for u in ups:
+            u.wait(600)
+            assert u.returncode == 0, u.stderr.read() if u.stderr else ""
         ing.stop()
         return want / elapsed, worst[0]
     finally:
