@@ -643,6 +643,7 @@ class _Link:
         self.refusals: dict[int, int] = {}  # per message (ord): refusals so far
         self.held_until = 0.0  # no new PUBLISH before this (monotonic): backing off
         self.store_full = False  # the last fill found the disk full (logged once)
+        self.completing = 0  # completions submitted whose commit has not returned yet
         self.e2e = up.e2e
         self.next_landing_check = time.monotonic()
         if self.e2e is not None:
@@ -675,7 +676,9 @@ class _Link:
         """Nothing left to send; end to end, nothing left awaiting its landing either."""
         if not self.delivered_all():
             return False
-        return self.e2e is None or self.store.awaiting_messages() == 0
+        # A completion on its way may be a move to awaiting_landing: not drained until
+        # it is committed and what it moved is landed too.
+        return self.e2e is None or (self.completing == 0 and self.store.awaiting_messages() == 0)
 
     def landing_check_left(self) -> float | None:
         """Seconds until the next look for messages not landed in time, or None."""
@@ -864,6 +867,7 @@ class _Link:
         return out, None
 
     def _forgotten(self, _: asyncio.Future[int]) -> None:
+        self.completing -= 1
         self.up._check_drained()
 
     def _let_go(self, done: asyncio.Future[int]) -> None:
@@ -966,6 +970,7 @@ class _Link:
                 within=self.up.cfg.completion_delay,
                 frees=True,
             )
+            self.completing += 1
             done.add_done_callback(self._forgotten)
         if landed:
             # Lazily too: until it is committed the readings are only kept a little
