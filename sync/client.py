@@ -151,12 +151,16 @@ class Connection:
             raise ConnectionClosed(str(exc)) from exc
         self._last_sent = time.monotonic()
 
-    async def recv_until(self, stop: asyncio.Event, timeout: float = 1.0) -> list[Packet]:
-        """``recv(timeout)``, or [] as soon as ``stop`` is set (receivers that stop cleanly)."""
+    async def recv_until(
+        self, stop: asyncio.Event, timeout: float = 1.0, *also: asyncio.Event
+    ) -> list[Packet]:
+        """``recv(timeout)``, or [] as soon as ``stop`` (or one of ``also``: work to do
+        meanwhile) is set (receivers that stop cleanly)."""
         recv = asyncio.ensure_future(self.recv(timeout))
-        stopping = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({recv, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
+        events = [asyncio.ensure_future(e.wait()) for e in (stop, *also)]
+        done, _ = await asyncio.wait({recv, *events}, return_when=asyncio.FIRST_COMPLETED)
+        for e in events:
+            e.cancel()
         if recv in done:
             return recv.result()
         recv.cancel()

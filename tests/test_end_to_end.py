@@ -13,7 +13,6 @@ import json
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,39 +21,13 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from devkit.broker import Mosquitto
+from devkit.checker import Recorder
 from devkit.gateway_helpers import GatewayProc
 from devkit.ingest_helpers import IngestProc, landed
+from devkit.procs import stop
 from devkit.uplink_helpers import fill_store, start_uplink
 from pubcomp.sync import wire
 from tests.metrics_helpers import samples, scrape_text
-
-
-class Payloads:
-    """Every message on a topic filter as paho-mqtt received it: (topic, payload)."""
-
-    def __init__(self, port: int, topic: str) -> None:
-        self._got: list[tuple[str, bytes]] = []
-        self._lock = threading.Lock()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="payloads")
-        self.c.on_message = lambda _c, _u, m: self._add(m.topic, m.payload)
-        subscribed = threading.Event()
-        self.c.on_subscribe = lambda *_: subscribed.set()
-        self.c.on_connect = lambda c, *_: c.subscribe(topic, qos=1)
-        self.c.connect("127.0.0.1", port)
-        self.c.loop_start()
-        assert subscribed.wait(10)
-
-    def _add(self, topic: str, payload: bytes) -> None:
-        with self._lock:
-            self._got.append((topic, payload))
-
-    def messages(self) -> list[tuple[str, bytes]]:
-        with self._lock:
-            return list(self._got)
-
-    def stop(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
@@ -99,15 +72,6 @@ def delivered_all(path: Path) -> bool:
     """Every reading has been PUBCOMP'd by the broker (none in flight, none waiting)."""
     c = store_counts(path)
     return c["inflight"] == 0 and c["waiting"] == 0
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture
@@ -384,7 +348,7 @@ def test_the_operator_sees_awaiting_landing_and_end_to_end_off(
     gw = GatewayProc(tmp_path, mosquitto.port, sensors=sensors)
     gw.extra = {"status": {"min_interval_s": 1, "heartbeat_s": 5}}
     gw.write()
-    seen = Payloads(mosquitto.port, "telemetry/#")
+    seen = Recorder(mosquitto.port, "telemetry/#")
     gw.start()
     try:
         wait_until(
