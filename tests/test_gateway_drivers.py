@@ -59,12 +59,12 @@ async def _stop(
 def test_a_crashing_driver_is_restarted_and_does_not_stop_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_build = drivers_mod.build
+    real_build = drivers_mod.build_from
 
-    def build(kind: str, sensor: str, opts: dict[str, Any], gpio: Any) -> Driver:
-        return Crashes(sensor) if sensor == "bad" else real_build(kind, sensor, opts, gpio)
+    def build_from(cfg: Any, provided: Any) -> Driver:
+        return Crashes(cfg.id) if cfg.id == "bad" else real_build(cfg, provided)
 
-    monkeypatch.setattr(drivers_mod, "build", build)
+    monkeypatch.setattr(drivers_mod, "build_from", build_from)
     monkeypatch.setattr(drivers_mod, "RESTART_BASE_S", 0.05)
     sensors = _sensors(
         {"id": "bad", "type": "simulated"},
