@@ -519,7 +519,10 @@ class Fleet:
         self.path = Path(path)
         data, self.pos = load_yaml(self.path)
         errs: list[str] = []
-        where = lambda p: f"{self.path}:{_line(self.pos, p)}"  # noqa: E731
+
+        def where(p: tuple[Any, ...]) -> str:
+            return f"{self.path}:{_line(self.pos, p)}"
+
         if not isinstance(data, dict):
             raise ConfigError([f"{self.path}:1: expected a mapping with {', '.join(TOP_KEYS)}"])
         for key in data:
@@ -640,7 +643,9 @@ class Fleet:
 def sensor_options(sensor: Any) -> dict[str, Any]:
     """A sensor entry as driver keyword arguments (for sensors.registry.build)."""
     # simulated_rate_hz drives fake pins; the gateway reads it, the driver never sees it.
-    opts = sensor.model_dump(exclude={"id", "type", "simulated_rate_hz"}, exclude_none=True)
+    opts: dict[str, Any] = sensor.model_dump(
+        exclude={"id", "type", "simulated_rate_hz"}, exclude_none=True
+    )
     if "registers" in opts:
         opts["registers"] = [dict(r) for r in opts["registers"]]
     return opts

@@ -240,7 +240,8 @@ class HealthServer:
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        return self._server.sockets[0].getsockname()[1]
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     async def close(self) -> None:
         if self._server is not None:
@@ -306,7 +307,7 @@ _PLOT_TOP, _PLOT_H = 8, 130  # the plot area inside the chart's SVG, in px
 
 def _nice_step(top: float, ticks: int = 4) -> int:
     raw = max(top / ticks, 1.0)
-    mag = 10 ** len(str(int(raw))) // 10
+    mag: int = 10 ** len(str(int(raw))) // 10
     return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 
