@@ -21,6 +21,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
+from pubcomp.sync.tables import html_row, html_table
+
 from .ingress import CLOSED, REFUSED_CONNECTION, REFUSED_LOGIN
 
 log = logging.getLogger(__name__)
@@ -416,11 +418,8 @@ def _rows(pairs: Iterable[tuple[str, Any]]) -> str:
 def _table(tid: str, header: list[str], rows: list[list[str]], empty: str) -> str:
     if not rows:
         return f'<p id="{tid}" class="empty">{html.escape(empty)}</p>'
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
-    )
-    return f'<div class="scroll"><table id="{tid}"><tr>{head}</tr>{body}</table></div>'
+    table = html_table(header, (html_row(row) for row in rows), tid=tid)
+    return f'<div class="scroll">{table}</div>'
 
 
 _CSS = """
