@@ -15,8 +15,9 @@ import yaml
 
 from pubcomp.sync.exitcodes import EXIT_NOT_RUNNING, EXIT_STORE_UNWRITABLE, EXIT_USAGE
 
-from .config import ConfigError, Fleet, GatewayConfig
+from .config import Fleet, GatewayConfig
 from .credentials import hash_password as _hash
+from .errors import ConfigError, IngressConfigError
 
 
 def config_check(args: argparse.Namespace) -> int:
@@ -92,7 +93,6 @@ def gateway_run(args: argparse.Namespace) -> int:
     if cfg is None:
         return 1
     from ..sync.store import StoreUnwritable
-    from .ingress import IngressConfigError
     from .service import run
     from .status import fetch
 

@@ -38,15 +38,9 @@ from pydantic import (
 from pubcomp.sensors.registry import TYPES as SENSOR_TYPES
 from pubcomp.sync.wire import parse_key
 
+from .errors import ConfigError
+
 Pos = dict[tuple[Any, ...], int]  # key path -> 1-based line
-
-
-class ConfigError(Exception):
-    """One or more problems; ``problems`` are ready-to-print lines."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 # ------------------------------------------------------------------ models
