@@ -39,15 +39,9 @@ from pydantic import (
 from pubcomp.sensors.registry import SensorOptions, sensor_types
 from pubcomp.sync.wire import parse_key
 
+from .errors import ConfigError
+
 Pos = dict[tuple[Any, ...], int]  # key path -> 1-based line
-
-
-class ConfigError(Exception):
-    """One or more problems; ``problems`` are ready-to-print lines."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 # ------------------------------------------------------------------ models
@@ -436,7 +430,10 @@ class Fleet:
         self.path = Path(path)
         data, self.pos = load_yaml(self.path)
         errs: list[str] = []
-        where = lambda p: f"{self.path}:{_line(self.pos, p)}"  # noqa: E731
+
+        def where(p: tuple[Any, ...]) -> str:
+            return f"{self.path}:{_line(self.pos, p)}"
+
         if not isinstance(data, dict):
             raise ConfigError([f"{self.path}:1: expected a mapping with {', '.join(TOP_KEYS)}"])
         for key in data:

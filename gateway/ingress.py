@@ -68,6 +68,7 @@ from pubcomp.sync.store import Reading, StoreFull, StoreUnwritable
 
 from .config import IngressSection
 from .credentials import Verifier
+from .errors import ClientStalled, IngressConfigError
 from .intake import Intake
 from .ratelog import Summary
 
@@ -106,10 +107,6 @@ Reply = list[Packet] | asyncio.Future[list[Packet] | None]
 Queued = tuple[Reply, bool]
 
 
-class _Stalled(Exception):
-    """The peer read nothing for write_timeout_s: closed."""
-
-
 @dataclass(eq=False)
 class _Conn:
     """One admitted connection, as the limits see it."""
@@ -133,10 +130,6 @@ class NodeStats:
 def _retrieved(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
-
-
-class IngressConfigError(Exception):
-    """The ingress cannot start as configured (one line: the key, the file, why)."""
 
 
 @dataclass
@@ -422,7 +415,7 @@ class Ingress:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(self.cfg.write_timeout_s):
                         await w.drain()
-        except _Stalled:
+        except ClientStalled:
             self.closed["write_stalled"] += 1
             if node:
                 self.stats[node].rejected["write_stalled"] += 1
@@ -591,12 +584,12 @@ class Ingress:
 
     async def _drain(self, w: asyncio.StreamWriter) -> None:
         """Wait while more than WRITE_HIGH bytes wait to be sent; a peer that reads none
-        of them for write_timeout_s is gone (or hostile): _Stalled."""
+        of them for write_timeout_s is gone (or hostile): ClientStalled."""
         try:
             async with asyncio.timeout(self.cfg.write_timeout_s):
                 await w.drain()
         except TimeoutError:
-            raise _Stalled from None
+            raise ClientStalled from None
 
     async def _read_packets(
         self,

@@ -26,9 +26,10 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, Fleet, GatewayConfig, _Loader
+from .config import Fleet, GatewayConfig, _Loader
 from .credentials import hash_password
-from .tls import CertError, first_certificate, server_name
+from .errors import CertError, ConfigError, ProvisionError
+from .tls import first_certificate, server_name
 
 PASSWORD_BYTES = 24  # 32 URL-safe characters, 192 bits
 # A new node's settings (firmware/lib/pubnode/config.py DEFAULTS); a node that
@@ -46,10 +47,6 @@ NODE_DEFAULTS: dict[str, Any] = {
     "led": {"pin": None, "active_high": True},
     "sensors": [],
 }
-
-
-class ProvisionError(Exception):
-    """One line: the file, the key, what is wrong."""
 
 
 # ------------------------------------------------------------------ the fleet file

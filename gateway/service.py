@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pubcomp.sensors.api import ClockFix
 from pubcomp.sensors.pins import make_factory
@@ -53,6 +53,8 @@ CLOCK_POLL_S = 10.0
 SAMPLE_S = 2.0  # backlog history and STATUS= line (stretched if counting the backlog is slow)
 SEEN_KEEP_S = 7 * 24 * 3600  # node message keys kept for dedup: retries never come later
 PROBE_TIMEOUT_S = 5.0
+# What is wrong, for decisions (the watchdog's); each comes with a sentence for people.
+Problem = Literal["task", "chore", "store_probe", "store_unwritable", "commit"]
 
 
 class Chores:
@@ -285,8 +287,14 @@ class Gateway:
         interval = self.notifier.watchdog_interval or 10.0
         while True:
             await self._probe_store(min(PROBE_TIMEOUT_S, interval))
-            ok, why = self.healthy()
-            if (ok or self._watchdog_ok(why)) and self.notifier.watchdog_interval:
+            problems = self._problems()
+            why = [text for _, text in problems]
+            # A store that cannot be written is the one problem a restart cannot mend, and
+            # a restart would end the delivery of what it holds: the pings go on.
+            ok = not problems
+            if (ok or [k for k, _ in problems] == ["store_unwritable"]) and (
+                self.notifier.watchdog_interval
+            ):
                 self.notifier.watchdog()
             if not ok:
                 log.error("unhealthy, withholding the watchdog ping: %s", "; ".join(why))
@@ -308,26 +316,26 @@ class Gateway:
             self._store_ok, self._store_error = False, f"store probe failed: {exc}"
 
     def healthy(self) -> tuple[bool, list[str]]:
-        why = [
-            f"{name} task ended: {t.exception() if not t.cancelled() else 'cancelled'}"
+        """(healthy?, why not: one sentence a problem) for /healthz and the status."""
+        why = [text for _, text in self._problems()]
+        return not why, why
+
+    def _problems(self) -> list[tuple[Problem, str]]:
+        """Each problem as (kind, sentence): decisions read the kind, people the sentence."""
+        out: list[tuple[Problem, str]] = [
+            ("task", f"{name} task ended: {t.exception() if not t.cancelled() else 'cancelled'}")
             for name, t in self._critical.items()
             if t.done()
         ]
-        why += self.chores.problems()
+        out += [("chore", text) for text in self.chores.problems()]
         if not self._store_ok:
-            why.append(self._store_error or "store unhealthy")
+            out.append(("store_probe", self._store_error or "store unhealthy"))
         ws = self.store.write_state
         if not ws.writable:  # a dying card, said plainly (not as the last commit's error)
-            why.append(f"{ws.text}: refusing new readings")
+            out.append(("store_unwritable", f"{ws.text}: refusing new readings"))
         elif self.commits.stats.last_error:
-            why.append(f"last commit failed: {self.commits.stats.last_error}")
-        return not why, why
-
-    def _watchdog_ok(self, why: list[str]) -> bool:
-        """Ping the watchdog while the only problem is a store that cannot be written: a
-        restart cannot mend the card, and would end the delivery of what it holds."""
-        ws = self.store.write_state
-        return not ws.writable and why == [f"{ws.text}: refusing new readings"]
+            out.append(("commit", f"last commit failed: {self.commits.stats.last_error}"))
+        return out
 
     # ------------------------------------------------------------- status
 

@@ -10,14 +10,15 @@ import time
 import urllib.request
 from typing import Any
 
+from pubcomp.sync.exitcodes import EXIT_NOT_DELIVERING, EXIT_OK, EXIT_UNHEALTHY
+from pubcomp.sync.gatewaystatus import Level
+from pubcomp.sync.tables import text_table
 from pubcomp.sync.units import counted, duration, size
 
-# ``pubcomp status`` exit codes (docs/operations.md, "Reading status").
-EXIT_OK = 0  # running, healthy, delivering
-EXIT_UNHEALTHY = 1  # running, but a task died, the store does not answer or cannot be written
-EXIT_USAGE = 2  # bad arguments or fleet file (argparse uses 2 as well)
-EXIT_NOT_RUNNING = 3  # nothing answers on the health port
-EXIT_NOT_DELIVERING = 4  # running, but the uplink is down or stalled: readings wait on disk
+# ``pubcomp status`` exits with the verdict's code (sync/exitcodes.py; docs/operations.md,
+# "Reading status"): 0 delivering, 1 unhealthy (a task died, the store does not answer or
+# cannot be written), 4 not delivering (the uplink is down or stalled: readings wait on
+# disk); 2 a bad command, 3 not running (gateway/commands.py).
 STALL_S = 60.0  # connected with messages in flight, and nothing delivered for this long
 # Delivered readings not landed in the cloud for this long are worth the headline.
 LANDING_LAG_S = 600.0
@@ -53,7 +54,7 @@ def store_headline(snap: dict[str, Any]) -> str | None:
     return f"{what} since {hms(bad['since'])}: refusing new readings; {sending}"
 
 
-def verdict(snap: dict[str, Any]) -> tuple[str, str, int]:
+def verdict(snap: dict[str, Any]) -> tuple[Level, str, int]:
     """(level, headline, exit code) for the top of the page and of ``pubcomp status``.
 
     level is ``ok``, ``down`` (running but not delivering) or ``unhealthy``.
@@ -240,24 +241,16 @@ def node_rows(snap: dict[str, Any]) -> list[list[str]]:
     ]
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [header, *rows]
-    )
-
-
 def render(snap: dict[str, Any]) -> str:
     pairs = summary_pairs(snap)
     width = max(len(k) for k, _ in pairs)
     out = [verdict(snap)[1], ""] + [f"{k:<{width}}  {v}" for k, v in pairs]
     if snap["sensors"]:
         hdr = ["sensor", "state", "last value", "readings", "faults", "restarts"]
-        out += ["", table(hdr, sensor_rows(snap))]
+        out += ["", text_table(hdr, sensor_rows(snap))]
     if snap["nodes"]:
         hdr = ["node", "connected", "last seen", "messages", "rejected"]
-        out += ["", table(hdr, node_rows(snap))]
+        out += ["", text_table(hdr, node_rows(snap))]
     return "\n".join(out)
 
 

@@ -64,6 +64,7 @@ from pubcomp.sync.running import cancel_all, reconnecting, run_until_stopped
 from pubcomp.sync.session import Deliver, Forget, Reack, ReceiverSession, Reply, message_digest
 from pubcomp.sync.store import StoreError, held_receive_ids
 
+from .errors import IngestOptionsError
 from .landed import AckPublisher, Ledger, Span, span_of
 from .landing import RECEIVE_KEY, LandingWriter, rejection_line
 
@@ -147,9 +148,11 @@ class Ingest:
         self.opts = options
         self.topic = f"$share/{shared_group}/{topic}" if shared_group else topic
         if shared_group and options.version != MQTT_5:
-            raise ValueError("shared subscriptions need MQTT 5 (--protocol 5)")
+            raise IngestOptionsError("shared subscriptions need MQTT 5 (--protocol 5)")
         if connections > 1 and not shared_group:
-            raise ValueError("more than one connection needs a shared group (--shared-group)")
+            raise IngestOptionsError(
+                "more than one connection needs a shared group (--shared-group)"
+            )
         self.connections = connections
         self.landing = Path(landing)
         writer = options.client_id
