@@ -173,9 +173,9 @@ def landing(e2e: dict[str, Any]) -> str:
         text += f", oldest {duration(age)}"
     if e2e.get("resent_not_landed"):
         text += f"; {e2e['resent_not_landed']:,} re-sent (not landed in time)"
-    sub = e2e.get("subscription", "")
-    if sub.startswith("refused"):
-        text += f"; acknowledgements REFUSED by the broker ({sub}): check its ACL"
+    code = e2e.get("subscription_refused")
+    if code is not None:
+        text += f"; acknowledgements REFUSED by the broker ({code:#04x}): check its ACL"
     refused = sum(v for k, v in (e2e.get("acks") or {}).items() if k != "accepted")
     if refused:
         text += f"; {refused:,} acknowledgements ignored (see the log)"

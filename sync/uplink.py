@@ -391,6 +391,7 @@ class Uplink:
         return {
             "enabled": True,
             "subscription": e2e.subscription,
+            "subscription_refused": e2e.refused_by,
             "awaiting_landing": st["awaiting_landing"],
             "awaiting_messages": st["awaiting_messages"],
             "awaiting_age_s": st["awaiting_age_s"],
@@ -880,6 +881,7 @@ class _Link:
         code = pkt.reason_codes[0] if pkt.reason_codes else 0x80
         if code >= 0x80:
             self.e2e.subscription = f"refused {code:#04x}"
+            self.e2e.refused_by = code
             log.warning(
                 "the broker refused our subscription to %s (%#04x): no landed "
                 "acknowledgements will arrive, so delivered readings are kept and "
@@ -889,6 +891,7 @@ class _Link:
             )
         else:
             self.e2e.subscription = f"granted QoS {code}"
+            self.e2e.refused_by = None
 
     async def read_acks(self, pkts: list[Any]) -> None:
         """Commit what the acknowledgements say in one transaction, then answer."""
