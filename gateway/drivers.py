@@ -22,7 +22,7 @@ from pubcomp.sensors.pins import PinFactory
 from pubcomp.sensors.pins.simulated import SIMULATED, SimulatedFactory
 from pubcomp.sensors.pulse import PulseCounter
 from pubcomp.sensors.registry import build
-from pubcomp.sync.client import Backoff
+from pubcomp.sync.backoff import Backoff
 from pubcomp.sync.store import Reading
 
 from .clock import ClockWatch
