@@ -9,6 +9,7 @@ other way to write the store (sync/store/__init__.py, "One write API").
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from pubcomp.sync.session import OutState
 from pubcomp.sync.store import Message, Reading, Store
@@ -39,17 +40,8 @@ def begin(store: Store, session: str, messages: Sequence[Message]) -> None:
         m.ord, m.state = o, OutState.PUBLISH_SENT
 
 
-def apply(
-    store: Store,
-    session: str,
-    *,
-    released: Sequence[int] = (),
-    completed: Sequence[int] = (),
-    refused: Sequence[tuple[int, int, bool]] = (),
-    awaiting: Sequence[int] = (),
-) -> int:
-    """Acknowledgements committed as the uplink's ``read_acks`` does; readings delivered."""
-    return store.commit(
-        lambda db: store.apply_in(db, session, released, completed, refused, awaiting),
-        frees=True,
-    )
+def apply(store: Store, session: str, **acks: Sequence[Any]) -> int:
+    """Acknowledgements (``released``, ``completed``, ``refused``, ``awaiting``: as
+    ``Store.apply_in`` takes them) committed as the uplink's ``read_acks`` does; returns
+    the readings delivered."""
+    return store.commit(lambda db: store.apply_in(db, session, **acks), frees=True)

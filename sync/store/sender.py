@@ -168,31 +168,22 @@ class Sender(Outbox):
             [(session, p) for p in released],
         )
         now = time.time()
-        for pid in awaiting:
-            row = db.execute(
-                "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
-                "RETURNING first_seq, last_seq",
-                (session, pid),
-            ).fetchone()
-            if row:
+        # The broker completed them: each leaves the session; its readings wait for
+        # their landing (``awaiting``) or go with it.
+        for pid, kept in [(p, True) for p in awaiting] + [(p, False) for p in completed]:
+            row = _leave_session(db, session, pid)
+            if not row:
+                continue
+            if kept:
                 n = count_readings(db, [row])
                 db.execute(
                     "INSERT OR REPLACE INTO awaiting_landing VALUES (?, ?, ?, ?)", (*row, n, now)
                 )
-                delivered += n
-                bump(db, "delivered", n)
-                bump(db, "messages_completed", 1)
-        for pid in completed:
-            row = db.execute(
-                "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
-                "RETURNING first_seq, last_seq",
-                (session, pid),
-            ).fetchone()
-            if row:
+            else:
                 n = sum(r[0] for r in db.execute(DELETE_ROWS, row).fetchall())
-                delivered += n
-                bump(db, "delivered", n)
-                bump(db, "messages_completed", 1)
+            delivered += n
+            bump(db, "delivered", n)
+            bump(db, "messages_completed", 1)
         for pid, reason, permanent in refused:
             if not permanent:
                 db.execute(
@@ -202,11 +193,7 @@ class Sender(Outbox):
                 )
                 bump(db, "refused_by_broker", 1)
                 continue
-            row = db.execute(
-                "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
-                "RETURNING first_seq, last_seq",
-                (session, pid),
-            ).fetchone()
+            row = _leave_session(db, session, pid)
             if not row:
                 continue
             now = time.time()
@@ -319,3 +306,14 @@ class Sender(Outbox):
         if len(out) < len(rows):
             self._keep_seq_floor(db)
         return out
+
+
+def _leave_session(db: sqlite3.Connection, session: str, packet_id: int) -> tuple[int, int] | None:
+    """The message under this packet id leaves the session: its (first, last) seq, or
+    None if the session holds no such message (a stray acknowledgement)."""
+    row = db.execute(
+        "DELETE FROM out_inflight WHERE session = ? AND packet_id = ? "
+        "RETURNING first_seq, last_seq",
+        (session, packet_id),
+    ).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))
