@@ -28,7 +28,7 @@ from pubcomp.sensors.registry import (
     build_from,
     get,
 )
-from pubcomp.sync.client import Backoff
+from pubcomp.sync.backoff import Backoff
 from pubcomp.sync.store import Reading
 
 from .clock import ClockWatch

@@ -27,9 +27,10 @@ from typing import Any, Literal
 from pubcomp.sensors.api import ClockFix
 from pubcomp.sensors.pins import make_factory
 from pubcomp.sync.client import ConnectOptions, TLSOptions
+from pubcomp.sync.errors import StoreError
 from pubcomp.sync.groupcommit import GroupCommit
 from pubcomp.sync.packets import MQTT_5, MQTT_311
-from pubcomp.sync.store import Store, StoreError
+from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 from pubcomp.sync.wire import parse_key
 
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 CLOCK_POLL_S = 10.0
 SAMPLE_S = 2.0  # backlog history and STATUS= line (stretched if counting the backlog is slow)
 SEEN_KEEP_S = 7 * 24 * 3600  # node message keys kept for dedup: retries never come later
+PRUNE_WITHIN_S = 5.0  # forgetting old keys is never urgent: it rides a commit within this
 PROBE_TIMEOUT_S = 5.0
 # What is wrong, for decisions (the watchdog's); each comes with a sentence for people.
 Problem = Literal["task", "chore", "store_probe", "store_unwritable", "commit"]
@@ -120,7 +122,7 @@ class Gateway:
             hold_if_unwritable=True,  # deliver what it holds (degraded) rather than exit
         )
         self.wear = Wear(cfg.store.flash_endurance_tbw)
-        self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
+        self.first_new_seq = self.store.given_seq()  # readings above it were stamped by this run
         self.clock = clock or ClockWatch(kernel_check())
         audit = CommitLog(cfg.store.commit_log) if cfg.store.commit_log else None
         self.commit_log = audit
@@ -274,7 +276,10 @@ class Gateway:
     async def _prune_loop(self) -> None:
         while True:
             try:
-                await asyncio.to_thread(self.store.prune_seen, SEEN_KEEP_S)
+                # An op in the group commit, as every write of the gateway (rule 6).
+                await self.commits.submit(
+                    lambda db: self.store.prune_seen_in(db, SEEN_KEEP_S), within=PRUNE_WITHIN_S
+                )
             except StoreError as exc:  # a dying card: the keys wait for the next round
                 log.warning("forgetting old message keys failed: %s", exc)
             await asyncio.sleep(3600)

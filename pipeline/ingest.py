@@ -41,14 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from pubcomp.sync import faults, wire
-from pubcomp.sync.client import (
-    Backoff,
-    BrokerURL,
-    Connection,
-    ConnectionClosed,
-    ConnectOptions,
-    connect,
-)
+from pubcomp.sync.backoff import Backoff
+from pubcomp.sync.client import BrokerURL, Connection, ConnectOptions, connect
+from pubcomp.sync.errors import ConnectionClosed, StoreError
 from pubcomp.sync.faults import crash_point
 from pubcomp.sync.packets import (
     MQTT_5,
@@ -62,7 +57,7 @@ from pubcomp.sync.packets import (
 )
 from pubcomp.sync.running import cancel_all, reconnecting, run_until_stopped
 from pubcomp.sync.session import Deliver, Forget, Reack, ReceiverSession, Reply, message_digest
-from pubcomp.sync.store import StoreError, held_receive_ids
+from pubcomp.sync.store import held_receive_ids
 
 from .errors import IngestOptionsError
 from .landed import AckPublisher, Ledger, Span, span_of

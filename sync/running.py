@@ -13,8 +13,8 @@ import signal
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from .client import Backoff, ConnectRefused
-from .errors import TransportError
+from .backoff import Backoff
+from .errors import ConnectRefused, TransportError
 
 T = TypeVar("T")
 

@@ -28,18 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import faults
-from .client import (
-    Backoff,
-    BrokerURL,
-    Connection,
-    ConnectionClosed,
-    ConnectOptions,
-    ConnectRefused,
-    connect,
-)
-from .codec import ProtocolError
-from .degraded import DegradedDelivery
+from .backoff import Backoff
+from .client import BrokerURL, Connection, ConnectOptions, connect
+from .degraded import DegradedDelivery, DegradedLink
 from .endtoend import EndToEnd
+from .errors import (
+    ConnectionClosed,
+    ConnectRefused,
+    ProtocolError,
+    SessionError,
+    StoreFull,
+    StoreUnwritable,
+)
 from .faults import crash_point
 from .groupcommit import GroupCommit
 from .packets import (
@@ -67,9 +67,8 @@ from .session import (
     Reply,
     ResendPublish,
     SenderSession,
-    SessionError,
 )
-from .store import Message, Store, StoreFull, StoreUnwritable
+from .store import Message, Store
 from .wire import encode_payload, payload_head
 
 log = logging.getLogger(__name__)
@@ -282,7 +281,19 @@ class Uplink:
         store.add_listener(self._on_new_readings)
         # While the store cannot be written, what it holds goes out on a session of its
         # own (sync/degraded.py); this session's persisted state waits untouched.
-        self.degraded = DegradedDelivery(self)
+        link = DegradedLink(
+            self.url,
+            options,
+            self.topic,
+            self.cfg.batch,
+            self.cfg.max_bytes,
+            overhead=len(self._head) + 2,
+            encode=lambda bodies: encode_payload(store.gateway_id, bodies),
+        )
+        self.degraded = DegradedDelivery(store, self.commits, link, self._set_state)
+
+    def _set_state(self, state: str) -> None:
+        self.status.state = state
 
     # ------------------------------------------------------------ public
 
@@ -297,14 +308,17 @@ class Uplink:
                 self.commits.close()
                 await committer
 
-    async def commit(self, fn: Any, urgent: bool = True, frees: bool = True) -> Any:
+    async def commit(
+        self, fn: Any, urgent: bool = True, frees: bool = True, claims: int = 0
+    ) -> Any:
         """Run ``fn(db)`` in the next group commit and wait until it is durable.
 
         Everything the uplink commits is a session transition or a delivery, never new
         data: on a full disk it may spend the store's reserve (``frees``), since what it
-        leads to (PUBCOMP, landing) frees room again."""
+        leads to (PUBCOMP, landing) frees room again. ``claims``: the readings up to this
+        seq are in payloads built already (sync/groupcommit.py ``submit``)."""
         within = None if urgent else self.cfg.linger
-        return await self.commits.submit(fn, within=within, frees=frees)
+        return await self.commits.submit(fn, within=within, frees=frees, claims=claims)
 
     async def _run(self, stop: asyncio.Event, exit_when_drained: bool) -> None:
         adopted: list[int] = []  # once, before the first connection (a held store waits)
@@ -439,7 +453,7 @@ class Uplink:
             st.catch_up = {
                 "since": time.time(),
                 "backlog": backlog,
-                "up_to_seq": self.store.last_seq(),
+                "up_to_seq": self.store.given_seq(),
                 "delivered_before": st.delivered,
             }
         if self.on_connect is not None:
@@ -457,7 +471,7 @@ class Uplink:
     def _check_drained(self) -> None:
         """Once the readings waiting at the connection are all delivered: log the drain."""
         c = self.status.catch_up
-        if c is None or self.store.oldest_seq() <= c["up_to_seq"]:
+        if c is None or self.store.oldest_undelivered_seq() <= c["up_to_seq"]:
             return
         now = time.time()
         took = now - c["since"]
@@ -637,7 +651,7 @@ class _Link:
         self.pending_resend = resend
         self.qos = qos
         self.max_bytes = max_bytes
-        self.cursor = self.store.high_seq()
+        self.cursor = self.store.taken_seq()
         self.partial_since: float | None = None  # when a short batch began to linger
         self.lingering = up.cfg.linger > 0
         self.backed_up = False  # a full batch was waiting at the last fill
@@ -648,7 +662,7 @@ class _Link:
         self.e2e = up.e2e
         self.next_landing_check = time.monotonic()
         if self.e2e is not None:
-            self.e2e.sent(self.store.sent_high_seq())
+            self.e2e.sent(self.store.sent_seq())
             if self.e2e.epoch != self.store.epoch:  # the store was replaced under us
                 self.e2e.epoch = self.store.epoch
 
@@ -805,9 +819,8 @@ class _Link:
         if self.e2e is not None:
             self.e2e.sent(max(m.last_seq for m in msgs))
         # Rule 1: the packet ids are durable before the PUBLISHes are written. Until
-        # that commit returns, the readings are claimed: no quota drop or clock
-        # correction in the same group may change what these payloads carry.
-        self.store.claimed_seq = self.cursor
+        # that commit returns, the readings up to the cursor are claimed: no quota drop
+        # or clock correction committed meanwhile may change what these payloads carry.
         try:
             # A session transition: on a full disk it may spend the reserve (frees), as
             # the deliveries it leads to give the room back.
@@ -815,13 +828,12 @@ class _Link:
                 lambda db: self.store.begin_messages_in(db, self.key, msgs),
                 self.urgent(),
                 frees=True,
+                claims=self.cursor,
             )
         except BaseException:
             for m in msgs:
                 self.session.forget_allocation(m.packet_id)  # type: ignore[arg-type]
             raise
-        finally:
-            self.store.claimed_seq = 0
         for m, o in zip(msgs, ords, strict=True):
             m.ord, m.state = o, OutState.PUBLISH_SENT
         crash_point("publish_persisted")

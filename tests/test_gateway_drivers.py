@@ -127,7 +127,6 @@ def test_made_up_readings_are_flagged_simulated_in_the_data(tmp_path: Path) -> N
     from gpiozero.pins.mock import MockFactory
 
     from pubcomp.sensors.pins.zero import GpiozeroFactory
-    from pubcomp.sync.store import decode_body
 
     def flags(gpio: Callable[[], Any], *entries: dict[str, Any]) -> dict[str, set[str]]:
         with Store(tmp_path / f"s{len(list(tmp_path.iterdir()))}.db", gateway_id="g") as store:
@@ -136,11 +135,10 @@ def test_made_up_readings_are_flagged_simulated_in_the_data(tmp_path: Path) -> N
             asyncio.run(
                 _run_until(d, intake, lambda: all(s.readings >= 3 for s in d.status.values()))
             )
-            rows = store._rdb.execute("SELECT body FROM outbox").fetchall()
+            rows = store.readings_between(1, store.given_seq())
         out: dict[str, set[str]] = {}
-        for (body,) in rows:
-            for r in decode_body(body):
-                out.setdefault(r["sensor"].split(".")[0], set()).add(",".join(r["flags"]))
+        for r in rows:
+            out.setdefault(r["sensor"].split(".")[0], set()).add(",".join(r["flags"]))
         return out
 
     pulse = {"id": "rain", "type": "pulse", "pin": 5, "interval_s": 0.05}

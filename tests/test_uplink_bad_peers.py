@@ -188,7 +188,7 @@ def test_pubrec_not_authorized_dead_letters_and_goes_on(tmp_path: Path) -> None:
     m = up.metrics()
     assert m["dead_letter"] == 10 and m["backlog"] == 0
     # Nothing is lost: the refused readings are kept in dead_letter, the rest delivered once.
-    dead = {r[0] for r in up.store._db.execute("SELECT id FROM dead_letter")}
+    dead = {d["id"] for d in up.store.dead_letters()}
     assert dead | set(broker.delivered) == expected and not dead & set(broker.delivered)
     assert max(broker.delivered.values()) == 1
 
@@ -271,7 +271,7 @@ def test_a_message_refused_again_and_again_backs_off_then_dead_letters(tmp_path:
     assert gaps[0] >= 0.5 and gaps[1] >= 1.0, gaps  # 0.5 s, then doubled
     m = up.metrics()
     assert m["dead_letter"] == 10 and m["backlog"] == 0 and m["refused_by_broker"] == 2
-    dead = {r[0] for r in up.store._db.execute("SELECT id FROM dead_letter")}
+    dead = {d["id"] for d in up.store.dead_letters()}
     assert dead | set(broker.delivered) == expected and not dead & set(broker.delivered)
     assert max(broker.delivered.values()) == 1
 

@@ -16,6 +16,7 @@ import pytest
 from devkit.broker import Mosquitto
 from devkit.checker import Recorder
 from devkit.ingest_helpers import IngestProc, landed
+from devkit.store_helpers import append
 from devkit.uplink_helpers import run_uplink
 from pubcomp.sync.store import Reading, Store, StoreFull
 from tests.test_store import tiny_tmpfs
@@ -35,8 +36,8 @@ def _stored_together(path: Path, n: int) -> set[str]:
     """``n`` readings appended in one call (one node message, or one group commit of
     sensor readings): stored packed, up to 100 to an outbox row."""
     with Store(path, gateway_id="gw1") as s:
-        first, last = s.append(
-            Reading(f"s{i % 3}", float(i), "2026-11-25T00:00:00.000Z", "C") for i in range(n)
+        first, last = append(
+            s, (Reading(f"s{i % 3}", float(i), "2026-11-25T00:00:00.000Z", "C") for i in range(n))
         )
         return {f"gw1/{s.epoch}/{q}" for q in range(first, last + 1)}
 
@@ -90,9 +91,12 @@ def test_a_full_disk_does_not_stop_the_uplink(tmp_path: Path, mosquitto: Mosquit
         ids: set[str] = set()
         with Store(store, gateway_id="gw1") as s, pytest.raises(StoreFull):
             for i in range(100_000):
-                first, last = s.append(
-                    Reading("t", float(j), "2026-11-25T00:00:00.000Z", "C")
-                    for j in range(i * 50, i * 50 + 50)
+                first, last = append(
+                    s,
+                    (
+                        Reading("t", float(j), "2026-11-25T00:00:00.000Z", "C")
+                        for j in range(i * 50, i * 50 + 50)
+                    ),
                 )
                 ids |= {f"gw1/{s.epoch}/{q}" for q in range(first, last + 1)}
         res = run_uplink(store, mosquitto.url, "--batch", "100", end_to_end=True, timeout=120)
