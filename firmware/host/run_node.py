@@ -37,7 +37,15 @@ def ticks_diff(a: int, b: int) -> int:
 
 def main() -> None:
     flash = Path(sys.argv[1]).resolve()
-    sys.path[:0] = [str(HERE / "standins"), str(FIRMWARE / "lib"), str(ROOT / ".cache" / "umqtt")]
+    # As on the board: the stand-ins are the port's own modules, pubboot.py sits at the
+    # root, the factory set in /lib, umqtt installed by mip.
+    sys.path[:0] = [
+        str(HERE / "standins"),
+        str(FIRMWARE / "lib"),
+        str(ROOT / ".cache" / "umqtt"),
+    ]
+    sys.path.append(str(FIRMWARE))  # pubboot.py, at the root of the board
+    sys.dont_write_bytecode = True  # nothing in the flash directory but what the board has
     time.ticks_ms = ticks_ms  # type: ignore[attr-defined]
     time.ticks_add = ticks_add  # type: ignore[attr-defined]
     time.ticks_diff = ticks_diff  # type: ignore[attr-defined]
