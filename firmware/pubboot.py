@@ -160,3 +160,16 @@ def commit():
     for n in names:
         if n.isdigit() and int(n) != version:
             rm_tree(path(n))
+
+
+def factory():
+    """deploy.sh: the library it copied runs from now on (sets/bad is kept)."""
+    for name in ("current", "pending", "trial"):
+        _remove(name)
+    try:
+        names = os.listdir(DIR)
+    except OSError:
+        return
+    for n in names:
+        if n.isdigit():
+            rm_tree(path(n))

@@ -109,6 +109,8 @@ class OfferServer:
         self._loading: dict[int, asyncio.Future[SoftwareSet]] = {}
         # node -> what it said last, with its offer's progress (bounded: the fleet's nodes)
         self.software: dict[str, dict[str, Any]] = {}
+        self._said: dict[str, tuple[Any, dict[str, int]]] = {}  # node -> (boot, its counts)
+        self._refused: dict[str, collections.Counter[str]] = {}  # node -> summed
 
     async def answer(
         self, node: str, payload: bytes, rejected: collections.Counter[str]
@@ -184,13 +186,14 @@ class OfferServer:
         have = h.get("have") if isinstance(h.get("have"), list) else None
         last = h.get("last") if isinstance(h.get("last"), list) and len(h["last"]) == 3 else None
         before = self.software.get(node) or {}
+        said: dict[str, Any] = h["refused"] if isinstance(h.get("refused"), dict) else {}
         sw: dict[str, Any] = {
             "version": h["sw"],
             "state": state,
             "bad": h.get("bad") if isinstance(h.get("bad"), int) else 0,
             "have": _small(have),
             "last": _small(last),
-            "refused": _small(h.get("refused") or {}),
+            "refused": self._refusals(node, h.get("boot"), said),
             "seen": time.time(),
             "offer": None,
             "served": 0,
@@ -213,6 +216,23 @@ class OfferServer:
         self._tell(node, before, sw)
         self.software[node] = sw
         return reply
+
+    def _refusals(self, node: str, boot: Any, said: dict[str, Any]) -> dict[str, int]:
+        """What the node refused, summed across its boots: it counts in RAM from 0 at
+        each boot (a count written to flash per refusal would let a forger wear it out)."""
+        seen_boot, prev = self._said.get(node, (None, {}))
+        if boot != seen_boot:
+            prev = {}  # a new boot: its counts began again
+        total = self._refused.setdefault(node, collections.Counter())
+        now: dict[str, int] = {}
+        for reason, n in list(said.items())[:32]:
+            if not isinstance(n, int) or n < 0:
+                continue
+            reason = str(reason)[:40]
+            total[reason] += max(0, n - prev.get(reason, 0))
+            now[reason] = max(n, prev.get(reason, 0))
+        self._said[node] = (boot, now)
+        return dict(total)
 
     def _tell(self, node: str, before: dict[str, Any], sw: dict[str, Any]) -> None:
         """One log line when a node's software or its last outcome changes."""

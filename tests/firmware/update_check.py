@@ -243,6 +243,12 @@ def check_pointer_switch():
     # A pointer to a set that is gone: the factory set runs.
     U.rm_tree("sets/5")
     assert pubboot.select() == 0
+    # deploy.sh: the cabled library runs; the gateway's sets go, the rolled-back floor stays.
+    os.mkdir("sets/6")
+    pubboot._write("current", 6)
+    pubboot.factory()
+    assert pubboot.select() == 0 and pubboot.bad == 4 and pointers() == ["bad"], pointers()
+    assert [n for n in os.listdir("sets") if n.isdigit()] == []
     sys.path[:] = path0
     print("PASS pointer_switch")
 

@@ -178,7 +178,7 @@ class Node:
             return
         if link.connects != self.hello_on or u.changed or time.ticks_diff(now, self.next_hello) >= 0:
             # On each connect, after news, and every check_s: what runs, what is held.
-            if link.request(u.hello(self.trial_until is not None)):
+            if link.request(u.hello(self.trial_until is not None, self.boot)):
                 self.hello_on = link.connects
                 self.next_hello = time.ticks_add(now, int(self.cfg["update"]["check_s"] * 1000))
                 self.asked = (link.connects, now)  # the gateway answers every hello

@@ -167,14 +167,16 @@ class Updater:
 
     # ------------------------------------------------------------ what to say
 
-    def hello(self, trial=False):
-        """What the node tells the gateway: its software, what it holds, the last outcome."""
+    def hello(self, trial=False, boot=0):
+        """What the node tells the gateway: its software, what it holds, the last outcome
+        (``refused`` counts from 0 at each boot; ``boot`` tells the gateway when)."""
         have = None
         if self.state != IDLE:
             have = [self.version, self.index, self.offset, len(self.files)]
         self.changed = False
         body = {
             "sw": self.running,
+            "boot": boot,
             "state": "trial" if trial else self.state if self.state != IDLE else "running",
             "bad": self.bad,
             "have": have,
