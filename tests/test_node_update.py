@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from pubcomp.gateway.nodesets import (
     write_key,
     write_offer,
 )
+from tests.hostile_helpers import Siege, connect_packet, raw_socket, read_connack
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "firmware" / "lib"
@@ -338,3 +340,67 @@ def test_tampered_chunks_are_refused_and_the_update_still_completes(site_factory
     log = board.output()
     assert "(truncated)" in log and "out of order" in log and "MAC does not verify" in log
     assert runs(board) == "1" and same_files(board.flash / "sets" / "1", lib)
+
+
+def _greedy(port: int, node: str, password: str, version: int, until: float, sent: list[int]):
+    """A node that asks for chunk after chunk and reads none of them."""
+    body = b"\x00\x01" + _s(f"nodes/{node}/update".encode()) + b"\x00"
+    subscribe = b"\x82" + bytes([len(body)]) + body
+    ask = _qos0(f"nodes/{node}/update/req", f"G {version} 0 0".encode())
+    while time.monotonic() < until:
+        s = raw_socket(port, "127.0.0.3", rcvbuf=4096)
+        try:
+            s.sendall(connect_packet(node.encode(), password.encode(), node.encode()))
+            if read_connack(s) != 0:
+                return
+            s.sendall(subscribe)
+            s.settimeout(0.5)
+            while time.monotonic() < until:
+                s.sendall(ask * 64)  # blocks (times out) once the gateway stops reading
+                sent[0] += 64
+        except OSError:  # closed, or not read: log in again
+            pass
+        finally:
+            s.close()
+
+
+def _s(b: bytes) -> bytes:
+    return len(b).to_bytes(2, "big") + b
+
+
+def _qos0(topic: str, payload: bytes) -> bytes:
+    body = _s(topic.encode()) + payload
+    return b"\x30" + bytes([len(body)]) + body
+
+
+def test_a_node_that_asks_for_chunks_and_reads_none_costs_only_itself(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """Issue 25's limits hold for the offer: the requests go at the node's message rate and
+    their answers wait among its unanswered packets (a peer that reads none of them is
+    closed once WRITE_HIGH waits for write_timeout_s: with the kernel's buffers, after
+    more than this test's 4 s); good nodes keep their PUBACKs under a second."""
+    password = "pw-greedy-0123456789"
+    siege = Siege(tmp_path, mosquitto, nodes={"greedy": password})
+    state = siege.gw.db.parent / "node-updates"
+    s = save_set(state, compile_dir(LIB, "mpy"), "firmware", "mpy")
+    write_offer(state, "greedy", make_offer(update_key(password, "greedy"), "greedy", s))
+    sent = [0]
+    with siege.watch():
+        until = time.monotonic() + 4.0
+        t = threading.Thread(
+            target=_greedy, args=(siege.gw.ingress_port, "greedy", password, s.version, until, sent)
+        )
+        t.start()
+        t.join(40)
+    metrics = siege.metrics()
+    figures = siege.finish(rss_mb=30, fds=40, log_kb=16)
+    stalled = metrics[("pubcomp_ingress_closed_connections_total", (("reason", "write_stalled"),))]
+    rate_limited = metrics.get(
+        ("pubcomp_node_rejected_total", (("node", "greedy"), ("reason", "rate_limited"))), 0
+    )
+    print(f"greedy: {sent[0]:,} requests offered; closed write_stalled {stalled}; {figures}")
+    assert sent[0] > 64 * 10, sent  # it asked for far more than it was given
+    # Paced at its message rate (50 a second): the rest waited in its own connection.
+    assert rate_limited > 0, rate_limited
+    assert figures["worst_puback_s"] < 1.0
