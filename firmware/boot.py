@@ -10,6 +10,7 @@ try:
     import pubboot
 
     pubboot.select()
+    pubboot.select_image()
 except Exception as e:  # noqa: BLE001 - the factory set in /lib runs instead
     print("boot: software selection failed: %r" % e)
 

@@ -21,10 +21,15 @@ import os
 import sys
 
 DIR = "sets"
+FW = "fw"  # the same for a whole MicroPython image (ESP32): current, trial, bad
 version = 0  # the set running since select()
 trial = False  # True while a pending set has its one try
 rolled_back = None  # a version select() rolled back at this boot
 bad = 0
+image = 0  # the image's version (0: the one flashed by cable)
+image_trial = False
+image_rolled_back = None
+image_bad = 0
 
 
 def _exists(p):
@@ -38,11 +43,14 @@ def _exists(p):
 def _read_one(p):
     with open(p) as f:
         text = f.read().strip()
+    if " " in text:  # fw/trial: "<version> <partition>"
+        v, label = text.split(" ", 1)
+        return (int(v), label) if v.isdigit() else None
     return int(text) if text.isdigit() else None
 
 
-def _read(name):
-    p = DIR + "/" + name
+def _read(name, d=DIR):
+    p = d + "/" + name
     try:
         return _read_one(p)
     except OSError:
@@ -59,10 +67,10 @@ def _sync():
         sync()
 
 
-def _write(name, value):
-    if not _exists(DIR):
-        os.mkdir(DIR)
-    p = DIR + "/" + name
+def _write(name, value, d=DIR):
+    if not _exists(d):
+        os.mkdir(d)
+    p = d + "/" + name
     with open(p + ".tmp", "w") as f:
         f.write(str(value))
     try:
@@ -73,8 +81,8 @@ def _write(name, value):
     _sync()
 
 
-def _remove(name):
-    for p in (DIR + "/" + name, DIR + "/" + name + ".tmp"):
+def _remove(name, d=DIR):
+    for p in (d + "/" + name, d + "/" + name + ".tmp"):
         try:
             os.remove(p)
         except OSError:
@@ -173,3 +181,53 @@ def factory():
     for n in names:
         if n.isdigit():
             rm_tree(path(n))
+
+
+# ------------------------------------------------------------ a whole image (ESP32)
+#
+# The image is written to the next OTA partition and booted with set_boot(); ESP-IDF's
+# bootloader boots it once "pending verify" and goes back to the previous partition at
+# the next boot unless the application calls mark_app_valid_cancel_rollback(). fw/trial
+# ("<version> <partition>") is written before set_boot(): a boot that finds it and runs
+# another partition knows the image did not verify or did not commit.
+
+
+def select_image():
+    global image, image_trial, image_rolled_back, image_bad
+    image = _read("current", FW) or 0
+    image_bad = _read("bad", FW) or 0
+    image_trial = False
+    image_rolled_back = None
+    t = _read("trial", FW)
+    if not isinstance(t, tuple):
+        return image
+    v, label = t
+    try:
+        from esp32 import Partition
+    except ImportError:
+        _remove("trial", FW)
+        return image
+    if Partition(Partition.RUNNING).info()[4] == label:
+        image = v
+        image_trial = True
+    else:
+        image_bad = max(image_bad, v)
+        _write("bad", image_bad, FW)
+        _remove("trial", FW)
+        image_rolled_back = v
+        print("pubboot: image %d did not boot or commit: the bootloader went back" % v)
+    return image
+
+
+def stage_image(v, label):
+    _write("trial", "%d %s" % (v, label), FW)
+
+
+def commit_image():
+    global image_trial
+    from esp32 import Partition
+
+    Partition.mark_app_valid_cancel_rollback()
+    _write("current", image, FW)
+    _remove("trial", FW)
+    image_trial = False

@@ -81,13 +81,15 @@ def register(sub: Any) -> None:
         "--files",
         required=True,
         metavar="DIR|VERSION",
-        help="the library to offer (firmware/lib: compiled with mpy-cross), or a set made before",
+        help="the library to offer (firmware/lib: compiled with mpy-cross), an ESP32 image "
+        "(--format image), or the version of a set made before",
     )
     up.add_argument(
         "--format",
-        choices=("mpy", "py"),
+        choices=("mpy", "py", "image"),
         default="mpy",
-        help="mpy (default: as deploy.sh copies) or py (sources: the host port, or any board)",
+        help="mpy (default: as deploy.sh copies), py (sources: the host port, or any board), "
+        "or image (--files is a MicroPython app image for an ESP32's OTA partition)",
     )
     up.add_argument("--label", help="what the set is, as the status shows it (default: its path)")
     up.add_argument(

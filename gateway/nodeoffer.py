@@ -53,6 +53,7 @@ class Offer:
     mac: str
     chunk_macs: list[list[str]]
     sizes: list[int]
+    kind: str = "files"  # or "image": one whole firmware image (ESP32)
     refused: bool = False  # the node said no: not offered again until the file changes
 
     @property
@@ -86,7 +87,8 @@ def parse_offer(raw: bytes, node: str) -> Offer:
         len(ms) != -(-size // chunk) for ms, size in zip(macs, sizes, strict=True)
     ):
         raise ValueError("its chunk MACs do not cover its files")
-    return Offer(node, version, chunk, body, str(d["mac"]), macs, sizes)
+    kind = "image" if m.get("kind") == "image" else "files"
+    return Offer(node, version, chunk, body, str(d["mac"]), macs, sizes, kind)
 
 
 def _small(v: Any) -> Any:
@@ -194,20 +196,24 @@ class OfferServer:
             "have": _small(have),
             "last": _small(last),
             "refused": self._refusals(node, h.get("boot"), said),
+            "image": h.get("fw") if isinstance(h.get("fw"), int) else None,
+            "image_bad": h.get("fw_bad") if isinstance(h.get("fw_bad"), int) else 0,
             "seen": time.time(),
             "offer": None,
+            "offer_kind": None,
             "served": 0,
             "total": 0,
         }
         offer = await self.offer(node)
         reply = b"N\n"
         if offer is not None:
-            sw["offer"], sw["total"] = offer.version, offer.total
+            sw["offer"], sw["total"], sw["offer_kind"] = offer.version, offer.total, offer.kind
+            runs = sw["image"] if offer.kind == "image" else h["sw"]
             if before.get("offer") == offer.version:
                 sw["served"] = before.get("served", 0)
             if last is not None and last[0] == offer.version and last[1] in ("refused", "failed"):
                 offer.refused = True  # the node will not take it: say nothing more of it
-            if offer.refused or h["sw"] == offer.version:
+            if offer.refused or runs == offer.version:
                 reply = b"N\n"
             elif have is not None and have[:1] == [offer.version]:
                 reply = f"A {offer.version}\n".encode()

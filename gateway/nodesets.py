@@ -43,7 +43,9 @@ CHUNK_MAC_BYTES = 16
 DEFAULT_CHUNK = 1024
 MAX_FILES = 64  # firmware/lib/pubnode/update.py refuses more
 MAX_SET_BYTES = 4 * 1024 * 1024
-Format = Literal["mpy", "py"]
+Format = Literal["mpy", "py", "image"]
+IMAGE_BLOCK = 4096  # an ESP32 partition's erase block: image chunks must divide it
+APP_IMAGE_MAGIC = 0xE9  # the first byte of an ESP32 app image (esptool's image format)
 _VALID_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 
 
@@ -128,7 +130,10 @@ class SoftwareSet:
 
 
 def compile_dir(source: Path, fmt: Format) -> list[SetFile]:
-    """The set's files from a library directory (firmware/lib): .mpy by mpy-cross, or .py."""
+    """The set's files from a library directory (firmware/lib): .mpy by mpy-cross, or .py;
+    for ``image``, one MicroPython firmware file for an ESP32 (the app image, .bin)."""
+    if fmt == "image":
+        return [_image(source)]
     if not source.is_dir():
         raise UpdateError(f"--files {source}: not a directory (nor a version this gateway made)")
     sources = sorted(
@@ -160,6 +165,20 @@ def compile_dir(source: Path, fmt: Format) -> list[SetFile]:
                 raise UpdateError(f"mpy-cross {p}: {done.stderr.strip() or done.returncode}")
             out.append(SetFile(rel, target.read_bytes()))
     return out
+
+
+def _image(source: Path) -> SetFile:
+    try:
+        data = source.read_bytes()
+    except OSError as exc:
+        raise UpdateError(f"--files {source}: {exc.strerror}") from None
+    if not data or data[0] != APP_IMAGE_MAGIC:
+        raise UpdateError(
+            f"--files {source}: not an ESP32 app image (its first byte is not "
+            f"0x{APP_IMAGE_MAGIC:02X}): the MicroPython .bin for the OTA partition, not the "
+            "whole-flash download"
+        )
+    return SetFile("micropython.bin", data)
 
 
 def _check_files(files: list[SetFile]) -> None:
@@ -266,13 +285,15 @@ def load_set(root: Path, version: int) -> SoftwareSet:
 
 def manifest(node: str, s: SoftwareSet, chunk: int) -> bytes:
     """The manifest as the node receives it (firmware/lib/pubnode/update.py parses it)."""
-    body = {
+    body: dict[str, Any] = {
         "node": node,
         "version": s.version,
         "label": s.label,
         "chunk": chunk,
         "files": s.entries(),
     }
+    if s.format == "image":
+        body["kind"] = "image"
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -285,6 +306,10 @@ def chunk_header(version: int, index: int, offset: int) -> bytes:
 
 
 def make_offer(key: bytes, node: str, s: SoftwareSet, chunk: int = DEFAULT_CHUNK) -> dict[str, Any]:
+    if not 64 <= chunk <= 16384:
+        raise UpdateError(f"--chunk {chunk}: expected 64 to 16384 bytes")
+    if s.format == "image" and IMAGE_BLOCK % chunk:
+        raise UpdateError(f"--chunk {chunk}: an image's chunks must divide {IMAGE_BLOCK}")
     body = manifest(node, s, chunk)
     macs = []
     for i, f in enumerate(s.files):

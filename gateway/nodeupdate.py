@@ -104,18 +104,21 @@ def parse_waves(spec: str, n: int) -> list[int]:
     return sizes
 
 
-def outcome(sw: dict[str, Any] | None, version: int) -> tuple[str | None, str]:
-    """(outcome, detail) from what a node said of its software; None while it is under way."""
+def outcome(sw: dict[str, Any] | None, version: int, kind: str = "files") -> tuple[str | None, str]:
+    """(outcome, detail) from what a node said of its software; None while it is under way.
+    ``kind`` "image": a whole firmware image (ESP32), whose versions the node keeps apart."""
     if not sw:
         return None, "no word from it yet"
     last = sw.get("last") or [None, None, ""]
-    if sw.get("version") == version and sw.get("state") == "running":
-        return "done", f"runs version {version}"
-    if isinstance(sw.get("bad"), int) and sw["bad"] >= version:
-        return "rolled_back", f"version {version} did not commit on its try; runs {sw['version']}"
+    runs, bad = ("image", "image_bad") if kind == "image" else ("version", "bad")
+    what = "image" if kind == "image" else "version"
+    if sw.get(runs) == version and sw.get("state") == "running":
+        return "done", f"runs {what} {version}"
+    if isinstance(sw.get(bad), int) and sw[bad] >= version:
+        return "rolled_back", f"{what} {version} did not commit on its try; runs {sw.get(runs)}"
     if last[0] == version and last[1] in ("refused", "failed"):
         return str(last[1]), str(last[2])
-    if sw.get("state") == "trial" and sw.get("version") == version:
+    if sw.get("state") == "trial" and sw.get(runs) == version:
         return None, "trying it"
     if sw.get("offer") == version and sw.get("total"):
         return None, f"fetching: {sw.get('served', 0):,} of {sw['total']:,} bytes"
@@ -175,7 +178,9 @@ def update_nodes(
         if not wait:
             result.results.update({n: NodeResult(n, "offline", None, "offered") for n in wave})
             continue
-        result.results.update(_watch(wave, software.version, timeout_s, status, say, poll_s))
+        result.results.update(
+            _watch(wave, software.version, software.format, timeout_s, status, say, poll_s)
+        )
         failed = [n for n in wave if result.results[n].outcome in FAILED]
         if len(failed) > max_failures:
             result.halted = (
@@ -190,9 +195,17 @@ def update_nodes(
 
 
 def _watch(
-    wave: list[str], version: int, timeout_s: float, status: Status, say: Progress, poll_s: float
+    wave: list[str],
+    version: int,
+    fmt: str,
+    timeout_s: float,
+    status: Status,
+    say: Progress,
+    poll_s: float,
 ) -> dict[str, NodeResult]:
     """Poll the gateway's status until each node of the wave is done or failed, or time is up."""
+    kind = "image" if fmt == "image" else "files"
+    runs = "image" if kind == "image" else "version"
     deadline = time.monotonic() + timeout_s
     seen_connected: set[str] = set()
     out: dict[str, NodeResult] = {}
@@ -211,9 +224,9 @@ def _watch(
             if ns.get("connected"):
                 seen_connected.add(n)
             sw = ns.get("software")
-            got, detail = outcome(sw, version)
+            got, detail = outcome(sw, version, kind)
             if got is not None:
-                out[n] = NodeResult(n, got, (sw or {}).get("version"), detail)
+                out[n] = NodeResult(n, got, (sw or {}).get(runs), detail)
                 say(f"{n}: {got}: {detail}")
             elif said.get(n) != detail and n in seen_connected:
                 said[n] = detail
@@ -225,11 +238,11 @@ def _watch(
         if n not in out:
             sw = ((snap.get("nodes") or {}).get(n) or {}).get("software") or {}
             if n in seen_connected:
-                why = f"{timeout_s:g} s and not done: {outcome(sw, version)[1]}"
-                out[n] = NodeResult(n, "timed_out", sw.get("version"), why)
+                why = f"{timeout_s:g} s and not done: {outcome(sw, version, kind)[1]}"
+                out[n] = NodeResult(n, "timed_out", sw.get(runs), why)
             else:
                 why = "not connected while its wave ran; its offer stays for when it returns"
-                out[n] = NodeResult(n, "offline", sw.get("version"), why)
+                out[n] = NodeResult(n, "offline", sw.get(runs), why)
     return out
 
 

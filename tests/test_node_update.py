@@ -6,6 +6,7 @@ which set a node runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -21,6 +22,7 @@ import pytest
 
 from devkit.broker import Mosquitto
 from devkit.gateway_helpers import GatewayProc
+from devkit.link import LinkProxy
 from devkit.node_helpers import Board, node_config, wait_until
 from devkit.nodeproxy import RewritingProxy
 from pubcomp.gateway.nodeoffer import parse_offer
@@ -404,3 +406,76 @@ def test_a_node_that_asks_for_chunks_and_reads_none_costs_only_itself(
     # Paced at its message rate (50 a second): the rest waited in its own connection.
     assert rate_limited > 0, rate_limited
     assert figures["worst_puback_s"] < 1.0
+
+
+def _image(tmp: Path, name: str, size: int, magic: int = 0xE9) -> Path:
+    """A stand-in MicroPython app image: the magic byte, then bytes that differ per image."""
+    body = hashlib.sha256(name.encode()).digest() * (size // 32)
+    p = tmp / f"{name}.bin"
+    p.write_bytes(bytes([magic]) + body[1:])
+    return p
+
+
+def _otadata(board: Board) -> dict[str, Any]:
+    return json.loads((Path(board.env["PUBCOMP_ESP32_DIR"]) / "otadata.json").read_text())
+
+
+def test_an_esp32_takes_a_whole_image_and_one_that_cannot_deliver_is_rolled_back(
+    site_factory: Any,
+) -> None:
+    """The ESP32 path through the esp32.Partition stand-in: the image goes to the next OTA
+    partition, boots once pending verification, and is marked valid only once a reading
+    is acknowledged; an image whose trial delivers nothing (its link is down) is rolled
+    back by the bootloader at the next boot. A board without OTA partitions refuses."""
+    site = site_factory(["node-e", "node-p"])
+    link = LinkProxy(site.gw.ingress_port)
+    esp = site.board("node-e", port=link.port)
+    parts = esp.esp32()
+    pico = site.board("node-p")  # no esp32 module: a Pico W
+    try:
+        for b in (esp, pico):
+            b.run()
+        assert wait_until(lambda: site.software("node-e") and site.software("node-p"), 30)
+        good = _image(site.tmp, "fw-good", 200_000)
+        done = site.update("--node", "node-e", "--node", "node-p", "--waves", "1",
+                           "--format", "image", "--files", str(good), "--timeout", "60",
+                           "--max-failures", "1")  # fmt: skip
+        out = done.stdout
+        assert re.search(r"^node-e\s+done\s+1\s+runs image 1$", out, re.M), out + done.stderr
+        assert re.search(r"^node-p\s+refused\s+0\s+offer of image 1: this board has no OTA",
+                         out, re.M), out  # fmt: skip
+        assert done.returncode == 1  # node-p cannot take images: a failure in its wave
+        assert (parts / "ota_1.bin").read_bytes()[: len(good.read_bytes())] == good.read_bytes()
+        assert _otadata(esp) == {"boot": "ota_1", "state": {"ota_0": "valid", "ota_1": "valid"}}
+        log = esp.output()
+        assert "update: trying image 1" in log and "update: image 1 committed" in log, log[-3000:]
+        assert site.software("node-p")["refused"]["no_ota"] == 1
+        assert not (pico.flash / "fw").exists() and not (pico.flash / "upd").exists()
+
+        # Image 2 goes to ota_0; while it is on trial the link is down: no reading.
+        second = _image(site.tmp, "fw-second", 120_000)
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "pubcomp.cli", "node", "update", "--config",
+             str(site.gw.fleet), "--gateway", site.gw.gid, "--node", "node-e", "--format",
+             "image", "--files", str(second), "--timeout", "60"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            assert wait_until(lambda: "image 2 written and set to boot" in esp.output(), 60, 0.01)
+            link.down()
+            assert wait_until(lambda: "the bootloader went back" in esp.output(), 30)
+            link.up()
+            out2, _ = cli.communicate(timeout=90)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+    finally:
+        link.close()
+    assert cli.returncode == 1, out2
+    assert re.search(r"^node-e\s+rolled_back\s+1\s+image 2 did not commit", out2, re.M), out2
+    log = esp.output()
+    assert "update: image 2 delivered no reading in 4 s" in log, log[-3000:]
+    assert _otadata(esp) == {"boot": "ota_1", "state": {"ota_0": "aborted", "ota_1": "valid"}}
+    sw = site.software("node-e")
+    assert (sw["image"], sw["image_bad"]) == (1, 2), sw
+    print(out, out2)

@@ -54,6 +54,12 @@ def main() -> None:
     sys.print_exception = lambda e: traceback.print_exception(e, file=sys.stdout)  # type: ignore[attr-defined]
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     os.chdir(flash)
+    try:
+        import esp32  # the stand-in, where the board is an ESP32 with OTA partitions
+    except ImportError:
+        pass
+    else:
+        esp32.boot_rom()  # the bootloader: which app partition runs, its rollback
     runpy.run_path(str(FIRMWARE / "boot.py"), run_name="__main__")
     runpy.run_path(str(FIRMWARE / "main.py"), run_name="__main__")
 

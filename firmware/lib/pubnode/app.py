@@ -14,7 +14,7 @@ import time
 
 import machine
 
-from . import auth, bootcount, config, sensors
+from . import auth, bootcount, config, image, sensors
 from .leds import StatusLed
 from .link import Link, PinnedTls
 from . import message
@@ -45,12 +45,16 @@ class Node:
         if up["enabled"] and bootsel is not None:
             node = cfg["node"]
             key = auth.node_key(node["password"], node["id"])
-            self.updater = Updater(node["id"], key, self.sw, bootsel.bad)
+            self.updater = Updater(
+                node["id"], key, self.sw, bootsel.bad, image=bootsel.image,
+                image_bad=bootsel.image_bad, image_sink=image.sink,
+            )  # fmt: skip
         self.trial_until = None
-        if bootsel is not None and bootsel.trial:
+        if bootsel is not None and (bootsel.trial or bootsel.image_trial):
             self.trial_until = time.ticks_add(time.ticks_ms(), int(up["trial_s"] * 1000))
-            print("update: trying version %d: it must deliver a reading within %d s"
-                  % (self.sw, up["trial_s"]))  # fmt: skip
+            what = "image %d" % bootsel.image if bootsel.image_trial else "version %d" % self.sw
+            print("update: trying %s: it must deliver a reading within %d s"
+                  % (what, up["trial_s"]))  # fmt: skip
         self.hello_on = -1  # link.connects when the last hello went out
         self.next_hello = time.ticks_ms()
         self.asked = None  # (connects, ticks) of the chunk request awaiting its answer
@@ -137,19 +141,28 @@ class Node:
     # ------------------------------------------------------------ software updates
 
     def commit(self):
-        """The set on trial connected and had a reading acknowledged: keep it."""
-        self.bootsel.commit()
+        """The set (or image) on trial connected and had a reading acknowledged: keep it."""
+        b = self.bootsel
+        if b.image_trial:
+            b.commit_image()  # mark_app_valid_cancel_rollback: the bootloader keeps it
+            what = "image %d" % b.image
+            if self.updater is not None:
+                self.updater.image = b.image
+        if b.trial:
+            b.commit()
+            what = "version %d" % self.sw
         self.trial_until = None
-        print("update: version %d committed: connected, and the gateway acknowledged a reading"
-              % self.sw)  # fmt: skip
+        print("update: %s committed: connected, and the gateway acknowledged a reading"
+              % what)  # fmt: skip
         if self.updater is not None:
             self.updater.changed = True  # tell the gateway at once
 
     def check_trial(self):
         if self.trial_until is None or time.ticks_diff(time.ticks_ms(), self.trial_until) < 0:
             return
-        print("update: version %d delivered no reading in %d s: restarting into the set before it"
-              % (self.sw, self.cfg["update"]["trial_s"]))  # fmt: skip
+        what = "image %d" % self.bootsel.image if self.bootsel.image_trial else "version %d" % self.sw
+        print("update: %s delivered no reading in %d s: restarting into the one before it"
+              % (what, self.cfg["update"]["trial_s"]))  # fmt: skip
         self.restart()
 
     def restart(self):
@@ -171,9 +184,13 @@ class Node:
         now = time.ticks_ms()
         if u.state == READY:
             if self.outbox.log is not None or self.outbox.peek() is None:
-                v = u.apply(self.bootsel.stage)
-                print("update: version %d staged beside version %d; restarting to try it"
-                      % (v, self.sw))  # fmt: skip
+                kind = u.kind
+                v = u.apply(self.bootsel.stage, self.bootsel.stage_image)
+                if kind == "image":
+                    print("update: image %d written and set to boot; restarting to try it" % v)
+                else:
+                    print("update: version %d staged beside version %d; restarting to try it"
+                          % (v, self.sw))  # fmt: skip
                 self.restart()
             return
         if link.connects != self.hello_on or u.changed or time.ticks_diff(now, self.next_hello) >= 0:

@@ -17,6 +17,12 @@
 # that does not verify. When every file verifies, apply() renames
 # upd/<version> to sets/<version> (beside the running set) and points
 # sets/pending at it (pubboot.py); the next boot tries it once.
+#
+# An offer of kind "image" is one whole MicroPython image for an ESP32: its
+# chunks go to the next OTA partition (image.py) instead of files, its progress
+# to upd/image.pos (after each chunk: the bytes below it were written whole);
+# apply() checks the partition's SHA-256, notes the trial (pubboot.stage_image)
+# and calls set_boot().
 import hashlib
 import json
 import os
@@ -35,6 +41,7 @@ MAX_BAD_CHUNKS = 5  # refused chunks in a row before the offer is given up
 MAX_FILE_RETRIES = 3  # files whose SHA-256 did not match, per offer
 SPARE_BYTES = 8192  # flash left free after a set is staged
 READ_BLOCK = 512
+IMAGE_BLOCK = 4096  # an ESP32 partition's erase block (image.py)
 
 
 def _size(p):
@@ -120,6 +127,9 @@ def parse_manifest(body):
     if not isinstance(m, dict):
         return "the manifest is not an object"
     node, version, chunk, files = m.get("node"), m.get("version"), m.get("chunk"), m.get("files")
+    kind = m.get("kind", "files")
+    if kind not in ("files", "image"):
+        return "the manifest's kind %r is not files or image" % (kind,)
     if not isinstance(node, str) or not isinstance(version, int) or version < 1:
         return "the manifest has no node or version"
     if not isinstance(chunk, int) or not 64 <= chunk <= MAX_CHUNK:
@@ -136,15 +146,23 @@ def parse_manifest(body):
         if not (isinstance(size, int) and size >= 0) or not (isinstance(sha, str) and len(sha) == 64):
             return "the manifest's entry for %s has no size or SHA-256" % path
         out.append((path, size, sha))
-    return (node, version, chunk, out, str(m.get("label", "")))
+    if kind == "image" and (len(out) != 1 or IMAGE_BLOCK % chunk):
+        return "an image offer has one file and chunks that divide %d" % IMAGE_BLOCK
+    return (node, version, chunk, out, str(m.get("label", "")), kind)
 
 
 class Updater:
-    def __init__(self, node_id, key, running, bad, root="upd", sets="sets"):
+    def __init__(
+        self, node_id, key, running, bad, root="upd", sets="sets", image=0, image_bad=0,
+        image_sink=None,
+    ):
         self.node_id = node_id
         self.mac = auth.Mac(key)
         self.running = running  # the version of the set that runs (0: factory)
         self.bad = bad  # the highest version rolled back here
+        self.image = image  # the same for a whole image (ESP32)
+        self.image_bad = image_bad
+        self.image_sink = image_sink  # a callable giving image.ImageSink or None
         self.root = root
         self.sets = sets
         self.refused = {}  # reason -> count: chunks and offers not taken
@@ -162,6 +180,8 @@ class Updater:
         self.index = 0
         self.offset = 0
         self.sig = None
+        self.kind = "files"
+        self.sink = None  # image.ImageSink while an image is fetched
         self.bad_chunks = 0
         self.retries = 0
 
@@ -176,6 +196,9 @@ class Updater:
         self.changed = False
         body = {
             "sw": self.running,
+            "fw": self.image,
+            "fw_bad": self.image_bad,
+            "kind": self.kind,
             "boot": boot,
             "state": "trial" if trial else self.state if self.state != IDLE else "running",
             "bad": self.bad,
@@ -236,7 +259,9 @@ class Updater:
             if not quiet:
                 self._refuse(None, "bad_manifest", "offer not taken: " + got)
             return False
-        node, version, chunk, files, label = got
+        node, version, chunk, files, label, kind = got
+        running, bad = (self.image, self.image_bad) if kind == "image" else (self.running, self.bad)
+        what = "image" if kind == "image" else "version"
         why = None
         if node != self.node_id:
             why = ("other_node", "offer of version %d is for node %s, not this node (%s)"
@@ -244,12 +269,20 @@ class Updater:
         elif not auth.equal(self.mac.hexdigest(auth.MANIFEST, body), sig):
             why = ("bad_mac", "offer of version %d: its HMAC does not verify under this node's "
                    "key (forged, or made with another node's key)" % version)  # fmt: skip
-        elif version <= self.running:
-            why = ("not_newer", "offer of version %d is not newer than the running version %d "
-                   "(an old offer replayed?)" % (version, self.running))  # fmt: skip
-        elif version <= self.bad:
-            why = ("rolled_back", "version %d was rolled back on this node; only a newer "
-                   "version is taken" % version)  # fmt: skip
+        elif version <= running:
+            why = ("not_newer", "offer of %s %d is not newer than the running %s %d "
+                   "(an old offer replayed?)" % (what, version, what, running))  # fmt: skip
+        elif version <= bad:
+            why = ("rolled_back", "%s %d was rolled back on this node; only a newer "
+                   "%s is taken" % (what, version, what))  # fmt: skip
+        elif kind == "image":
+            sink = self.image_sink() if self.image_sink else None
+            if sink is None:
+                why = ("no_ota", "offer of image %d: this board has no OTA partition "
+                       "(esp32.Partition); it takes application files only" % version)  # fmt: skip
+            elif files[0][1] > sink.size:
+                why = ("too_big", "image %d is %d bytes; the OTA partition %s holds %d"
+                       % (version, files[0][1], sink.label, sink.size))  # fmt: skip
         if why is not None:
             if not quiet:
                 self._refuse(version, why[0], why[1])
@@ -259,7 +292,7 @@ class Updater:
         total = 0
         for f in files:
             total += f[1]
-        free = free_bytes()
+        free = free_bytes() if kind == "files" else None
         if not quiet and free is not None and total + SPARE_BYTES > free:
             self._refuse(version, "no_space", "offer of version %d needs %d bytes of flash, %d "
                          "free" % (version, total + SPARE_BYTES, free))  # fmt: skip
@@ -274,6 +307,9 @@ class Updater:
         self._clear()
         self.state = FETCH
         self.version, self.label, self.chunk, self.files, self.sig = version, label, chunk, files, sig
+        self.kind = kind
+        if kind == "image":
+            self.sink = self.image_sink()
         self.changed = True
         if not quiet:
             self._next_file()
@@ -316,8 +352,13 @@ class Updater:
             self._bad_chunk("chunk_mac", "chunk of %s at %d: its MAC does not verify (forged or "
                             "corrupted); not written" % (path, offset))  # fmt: skip
             return
-        with open(self._staged(index), "ab") as f:
-            f.write(data)
+        if self.sink is not None:
+            self.sink.write(offset, data)
+            with open(self.root + "/image.pos", "w") as f:
+                f.write(str(offset + want))
+        else:
+            with open(self._staged(index), "ab") as f:
+                f.write(data)
         self.offset += want
         self.bad_chunks = 0
         if self.offset == size:
@@ -331,9 +372,13 @@ class Updater:
 
     def _file_done(self):
         path, size, sha = self.files[self.index]
-        got = file_sha(self._staged(self.index))
+        if self.sink is not None:
+            got = self.sink.sha(size)
+        else:
+            got = file_sha(self._staged(self.index))
         if got != sha:
-            os.remove(self._staged(self.index))
+            if self.sink is None:
+                os.remove(self._staged(self.index))
             self.offset = 0
             self.retries += 1
             self._refuse(self.version, "file_sha", "%s: SHA-256 %s... does not match the "
@@ -348,6 +393,8 @@ class Updater:
     def _next_file(self):
         """Make the current file's directory; step over empty files; READY after the last."""
         while self.index < len(self.files):
+            if self.sink is not None:
+                return  # an image: one "file", in the partition
             p = self._staged(self.index)
             d = p[: p.rfind("/")]
             makedirs(d)
@@ -386,6 +433,9 @@ class Updater:
             rm_tree(self.root)  # taken already (it runs), rolled back, or not ours
             self._clear()
             return
+        if self.kind == "image":
+            self._resume_image()
+            return
         staged = "%s/%d" % (self.root, self.version)
         if not _exists(staged) and _exists("%s/%d" % (self.sets, self.version)):
             self.state = READY  # cut after apply() renamed it, before the pointer
@@ -413,11 +463,38 @@ class Updater:
         self.index = len(self.files)
         self._next_file()
 
+    def _resume_image(self):
+        if self.sink is None:
+            rm_tree(self.root)
+            self._clear()
+            return
+        try:
+            with open(self.root + "/image.pos") as f:
+                pos = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            pos = 0
+        size = self.files[0][1]
+        if pos >= size and self.sink.sha(size) == self.files[0][2]:
+            self.index = 1
+            self.state = READY
+            return
+        # Back to the start of its block: a chunk cut mid-write is written again after
+        # an erase (flash bits only clear: writing it over itself might not mend it).
+        self.offset = min(pos, size) - min(pos, size) % IMAGE_BLOCK
+        print("update: resuming image %d at byte %d" % (self.version, self.offset))
+
     # ------------------------------------------------------------ the switch
 
-    def apply(self, stage):
-        """Move the verified set beside the running one and point sets/pending at it."""
+    def apply(self, stage, stage_image=None):
+        """Move the verified set beside the running one and point sets/pending at it;
+        an image: note its trial (stage_image), then boot it next (set_boot)."""
         v = self.version
+        if self.sink is not None:
+            stage_image(v, self.sink.label)
+            self.sink.switch()
+            rm_tree(self.root)
+            self._clear()
+            return v
         src, dst = "%s/%d" % (self.root, v), "%s/%d" % (self.sets, v)
         if not _exists(self.sets):
             os.mkdir(self.sets)
