@@ -26,6 +26,7 @@ from pubcomp.gateway.nodesets import (
     save_set,
     update_key,
 )
+from pubcomp.gateway.nodeupdate import outcome, parse_waves
 
 ROOT = Path(__file__).resolve().parent.parent
 WASM = ROOT / "tests" / "firmware"
@@ -161,3 +162,22 @@ def test_the_firmware_library_compiles_into_a_set() -> None:
     assert "pubnode/update.mpy" in paths and "pubnode/app.mpy" in paths
     assert all(f.data[:1] == b"M" for f in files)  # mpy-cross's header
     assert len(files) == len(list((ROOT / "firmware" / "lib").rglob("*.py")))
+
+
+def test_waves_and_outcomes() -> None:
+    assert parse_waves("1,100%", 10) == [1, 9]
+    assert parse_waves("1,25%,100%", 10) == [1, 2, 7]
+    assert parse_waves("2", 5) == [2, 3]  # the rest always goes last
+    assert parse_waves("1,100%", 1) == [1]
+    with pytest.raises(UpdateError, match="cumulative"):
+        parse_waves("5,2", 10)
+    with pytest.raises(UpdateError, match="not a count or a share"):
+        parse_waves("one", 10)
+    base = {"version": 0, "state": "running", "bad": 0, "last": None, "offer": 3, "total": 10}
+    assert outcome(None, 3) == (None, "no word from it yet")
+    assert outcome({**base, "version": 3}, 3)[0] == "done"
+    assert outcome({**base, "version": 3, "state": "trial"}, 3)[0] is None
+    assert outcome({**base, "bad": 3}, 3)[0] == "rolled_back"
+    assert outcome({**base, "last": [3, "refused", "why"]}, 3) == ("refused", "why")
+    assert outcome({**base, "last": [2, "refused", "older"]}, 3)[0] is None  # another offer
+    assert outcome({**base, "image": 3, "image_bad": 0}, 3, "image")[0] == "done"
