@@ -691,7 +691,10 @@ class Ingress:
             wait = limiter.delay()
             if wait > 0:
                 # Backpressure instead of refusal: this node is slowed, others are not.
-                st.rejected["rate_limited"] += 1
+                if self.updates is not None and pkt.topic == f"nodes/{node}/update/req":
+                    self.updates.paced(node)  # a download at full speed: nothing was wrong
+                else:
+                    st.rejected["rate_limited"] += 1
                 await asyncio.sleep(wait)
             return await self._publish(node, pkt, session, version)
         if isinstance(pkt, Pingreq):

@@ -172,6 +172,11 @@ class OfferServer:
             self._sets.popitem(last=False)
         return s
 
+    def paced(self, node: str) -> None:
+        """A request of ``node``'s waited for its message rate (counted, not a rejection)."""
+        sw = self.software.setdefault(node, {"offer": None, "served": 0, "total": 0})
+        sw["paced"] = sw.get("paced", 0) + 1
+
     # ------------------------------------------------------------ requests
 
     async def _hello(
@@ -203,6 +208,7 @@ class OfferServer:
             "offer_kind": None,
             "served": 0,
             "total": 0,
+            "paced": before.get("paced", 0),
         }
         offer = await self.offer(node)
         reply = b"N\n"
