@@ -153,6 +153,8 @@ def test_an_update_completes_in_waves_and_the_gateway_shows_the_version(site_fac
         assert "set marker: two" in board.output()
         assert "update: version 1 committed" in board.output()
         assert not (board.flash / "upd").exists()
+        assert "WDT:" not in board.output()  # the watchdog was fed all along
+        assert board.exits == [76]  # one reset: the update's own, into the new set
     status = pubcomp("status", "--config", str(site.gw.fleet), "--gateway", site.gw.gid)
     assert re.search(r"^node-a\s.*\s1$", status.stdout, re.M), status.stdout
     assert "software" in status.stdout.splitlines()[-3], status.stdout
