@@ -42,8 +42,8 @@ WDT_EXIT = 3  # the watchdog fired
 
 
 class Board(NodeProc):
-    """A host-port board that starts again after machine.reset() or its watchdog, as
-    hardware does, until ``stop()``; ``starts`` counts the boots it ran."""
+    """A host-port board that starts again after machine.reset(), its watchdog or a deep
+    sleep, as hardware does, until ``stop()``; ``starts`` counts the boots it ran."""
 
     def __init__(self, flash: Path, cfg: dict[str, Any]) -> None:
         super().__init__(flash, cfg)
@@ -70,8 +70,8 @@ class Board(NodeProc):
                 return
             if self._cut.is_set():
                 self._cut.clear()  # the power comes back
-            elif code not in (RESET_EXIT, WDT_EXIT):
-                return
+            elif code not in (RESET_EXIT, WDT_EXIT, DEEPSLEEP_EXIT):
+                return  # deep sleep's wake is a boot too
 
     def power_cut(self) -> None:
         """SIGKILL (RAM goes; the host's page cache keeps what was written): it boots again."""

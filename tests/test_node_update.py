@@ -82,13 +82,9 @@ class Site:
 
     def board(self, node: str, port: int | None = None, **over: Any) -> Board:
         cfg = node_config(
-            node,
-            self.passwords[node],
-            port or self.gw.ingress_port,
-            interval_s=0.3,
-            update=UPDATE,
-            **over,
-        )
+            node, self.passwords[node], port or self.gw.ingress_port,
+            **{"interval_s": 0.3, "update": UPDATE, **over},
+        )  # fmt: skip
         b = self.boards[node] = Board(self.tmp / f"flash-{node}", cfg)
         return b
 
@@ -344,6 +340,29 @@ def test_tampered_chunks_are_refused_and_the_update_still_completes(site_factory
     log = board.output()
     assert "(truncated)" in log and "out of order" in log and "MAC does not verify" in log
     assert runs(board) == "1" and same_files(board.flash / "sets" / "1", lib)
+
+
+def test_a_battery_node_takes_an_update_a_few_chunks_a_wake(site_factory: Any) -> None:
+    """Deep sleep: each wake sends what is owed, then spends the rest of its window
+    (gateway.timeout_s) on chunks; the download goes on across wakes from flash, and the
+    trial wake commits the set once its reading is acknowledged."""
+    site = site_factory(["node-s"])
+    board = site.board(
+        "node-s",
+        deep_sleep=True,
+        interval_s=0.2,
+        spill={"mode": "overflow"},
+        gateway={"timeout_s": 1},
+    ).run()
+    assert wait_until(lambda: site.software("node-s"), 30)
+    lib = make_lib(site.tmp, "asleep")
+    done = site.update("--node", "node-s", "--files", str(lib), "--format", "py",
+                       "--chunk", "512", "--timeout", "90")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = board.output()
+    assert log.count("update: resuming version 1") >= 1, log[-3000:]  # over more than one wake
+    assert "update: version 1 committed" in log and runs(board) == "1"
+    assert same_files(board.flash / "sets" / "1", lib)
 
 
 def _greedy(port: int, node: str, password: str, version: int, until: float, sent: list[int]):
