@@ -52,7 +52,7 @@ def _entry(history: History, version: int | None) -> Entry:
 # (gateway/release_render.py refuses them in clear), and a diff masks anything else.
 _SECRET_LINE = re.compile(
     r"^(?P<head>[ +-]?\s*(?:password|landed_key|[\w.]*(?:secret|token)[\w.]*)\s*:\s*)"
-    r"(?P<value>(?!!secret\b)(?!.*\$\{).+)$"
+    r"(?P<value>(?!!secret\b)(?!.*\$\{)\S.*)$"
 )
 
 
