@@ -45,8 +45,11 @@ def wait_until(cond: Callable[[], Any], timeout: float = 20.0, what: str = "") -
     raise AssertionError(f"timed out waiting for {what or cond}")
 
 
-def fleet_yaml(port: int, extra_sensor: str | None = None, marker_on: str | None = None) -> str:
-    """Three gateways; ``extra_sensor`` (an id) added to ``marker_on`` (or to all)."""
+def fleet_yaml(
+    port: int, extra_sensor: str | None = None, marker_on: str | None = None, many: int = 0
+) -> str:
+    """Three gateways; ``extra_sensor`` (an id) added to ``marker_on`` (or to all);
+    ``many`` more sensors on gw-a (a release over the 64 kB a message carries whole)."""
     lines = [
         "fleet: coast",
         "defaults:",
@@ -62,6 +65,12 @@ def fleet_yaml(port: int, extra_sensor: str | None = None, marker_on: str | None
             "    sensors:",
             f"      - {{id: tide-{g}, type: simulated, signal: sine, unit: m, interval_s: 10}}",
         ]
+        if g == "gw-a":
+            lines += [
+                f"      - {{id: many-{i:04d}, type: simulated, signal: sine, unit: m, "
+                "interval_s: 60}"
+                for i in range(many)
+            ]
         if extra_sensor and (marker_on is None or marker_on == g):
             lines.append(
                 f"      - {{id: {extra_sensor}, type: simulated, signal: sine, unit: m, "
@@ -153,7 +162,7 @@ class Retained:
 
     def release_version(self, gw: str) -> int | None:
         p = self.got.get(f"telemetry/{gw}/release")
-        return rel.read_release(p).version if p else None
+        return rel.read_release(p).version if p and not rel.is_manifest(p) else None
 
     def status(self, gw: str) -> dict[str, Any]:
         return json.loads(self.got.get(f"telemetry/{gw}/status", b"{}"))
@@ -291,3 +300,28 @@ def test_plan_shows_each_gateways_diff_secrets_as_references_and_the_waves(
     assert "canary: gw-a" in text and "wave 2: gw-b, gw-c" in text
     kept = (fleet.tmp / "fleet.releases" / "1" / "gw-a.json").read_text()
     assert "secrets/uplink-password" in kept and "not-sent-anywhere" not in kept
+
+
+def test_a_large_release_travels_in_chunks_and_is_reassembled(
+    fleet: Fleet, retained: Retained
+) -> None:
+    fleet.write(many=700)
+    fleet.start("gw-a")
+    out = fleet.release("--publish", "--gateway", "gw-a")
+    assert "published to every gateway at once" in out.stdout
+    wait_until(lambda: fleet.versions("gw-a", "committed") == [1], what="gw-a commits 1")
+    manifest = json.loads(retained.got["telemetry/gw-a/release"])
+    kept = (fleet.tmp / "fleet.releases" / "1" / "gw-a.json").read_bytes()
+    assert manifest == {
+        "chunks": manifest["chunks"],
+        "sha256": rel.sha256_hex(kept),
+        "size": len(kept),
+    }
+    assert manifest["chunks"] >= 2
+    r = rel.Reassembly()
+    r.on_release(retained.got["telemetry/gw-a/release"])
+    got = [
+        r.on_chunk(i, retained.got[f"telemetry/gw-a/release/chunk/{i}"])
+        for i in range(manifest["chunks"])
+    ]
+    assert got[-1] == kept  # what the broker holds is the release, byte for byte
