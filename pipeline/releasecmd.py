@@ -143,6 +143,11 @@ def fleet_plan(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ rollout
 
 
+# The gateway's apply phases between receiving a release and its verdict
+# (gateway/release_rules.py).
+APPLYING = ("fetched", "verified", "staged", "switched", "trial", "rolling_back")
+
+
 class ReleaseSubject:
     """A gateway configuration release as a rollout's subject (pipeline/rollout.py)."""
 
@@ -187,15 +192,10 @@ class ReleaseSubject:
             return "failed", f"rolled back: {seen.last_error or '-'}"
         if seen.state == "refused" and f"release {n}" in (seen.last_error or ""):
             return "failed", f"refused: {seen.last_error}"
-        if seen.version == n or seen.state in (
-            "fetched",
-            "verified",
-            "staged",
-            "switched",
-            "trial",
-        ):
-            return "applying", f"{seen.state or '?'} (runs {seen.version})"
-        return "sent", f"published {self.label}; runs {seen.version} ({seen.state})"
+        runs = f"release {seen.version}" if seen.version else "its local --config"
+        if seen.version == n or seen.state in APPLYING:
+            return "applying", f"{seen.state or '?'} (runs {runs})"
+        return "sent", f"published {self.label}; runs {runs} ({seen.state})"
 
     async def revert(self, gateways: Sequence[str]) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -258,15 +258,14 @@ class ReleaseSubject:
         return out
 
     def reverted(self, gateway: str, seen: Seen | None) -> bool:
-        if seen is None:
-            return False
-        if self.revert_version is not None and seen.version == self.revert_version:
-            return seen.state == "committed"
+        # Only the revert committed counts: a gateway that rolled back by itself runs
+        # its previous configuration already, but its topic held the failed release
+        # until the revert replaced it, and the revert is what it must take.
         return (
-            seen.sha256 is not None
-            and seen.sha256 == self.before.get(gateway)
-            and seen.state in ("committed", "rolled_back")
-            and self.entry.version not in ([seen.version] if seen.version else [])
+            seen is not None
+            and self.revert_version is not None
+            and seen.version == self.revert_version
+            and seen.state == "committed"
         )
 
 
