@@ -16,11 +16,17 @@
 
     BadLine (ValueError)    a line of a ``pubcomp store import`` file is not a reading
 
+    ReleaseRefused (ValueError)  a release, a keys document or a chunk is not to be
+                            taken (``reason``: one of sync/release.py's ``REASONS``,
+                            what a gateway counts refusals by)
+
 A caller that means "this connection is done" catches ``TransportError`` (with
 ``OSError`` and ``TimeoutError`` from the socket) and needs no list of every way a
 connection can end; one that must not acknowledge what was not stored catches
-``StoreFull`` and ``StoreUnwritable``. The modules that raise them import them from
-here (``codec``, ``client``, ``session``, ``store``, ``commands``).
+``StoreFull`` and ``StoreUnwritable``; a gateway's release apply catches
+``ReleaseRefused``, counts it by ``reason`` and keeps what it runs. The modules
+that raise them import them from here (``codec``, ``client``, ``session``,
+``store``, ``commands``, ``release``).
 """
 
 from __future__ import annotations
@@ -80,3 +86,12 @@ class StoreUnwritable(StoreError):
 
 class BadLine(ValueError):
     """A line of an import file that is not a valid reading."""
+
+
+class ReleaseRefused(ValueError):
+    """A release, keys document or chunk refused (sync/release.py); ``reason`` names
+    the rule it broke, the message says it in a sentence."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
