@@ -224,14 +224,17 @@ def _high_water(root: Path) -> int:
         return 0
 
 
-def save_set(root: Path, files: list[SetFile], label: str, fmt: Format) -> SoftwareSet:
-    """The newest set if it holds exactly these files, else a new one (version + 1).
+def save_set(
+    root: Path, files: list[SetFile], label: str, fmt: Format, *, new: bool = False
+) -> SoftwareSet:
+    """The newest set if it holds exactly these files, else a new one (version + 1);
+    ``new``: a new one in any case (a revert: a node takes only a number it never had).
 
     Written under a temporary name, fsynced, then renamed: a set directory that
     exists is whole. Versions are never given twice, even after sets are deleted."""
     _check_files(files)
     versions = set_versions(root)
-    if versions:
+    if versions and not new:
         newest = load_set(root, versions[-1])
         if newest.format == fmt and newest.entries() == [
             [f.path, len(f.data), f.sha] for f in files

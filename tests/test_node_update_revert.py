@@ -1,0 +1,117 @@
+"""A halted node rollout reverts the nodes it updated (issue 28: part 4's rule for part 5's
+node software), with real processes: `pubcomp gateway run`, nodes on the firmware's host
+port (firmware/host/run_node.py), and `pubcomp node update` itself. Each node's flash and
+console are the independent view: which set its pointer names, what files that set holds,
+which set marker its last boot printed (tests/test_node_update.py's make_lib)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devkit.broker import Mosquitto
+from devkit.node_helpers import Board, wait_until
+from pubcomp.sync.exitcodes import EXIT_ROLLOUT_HALTED
+from tests.test_node_update import Site, make_lib, runs, same_files
+
+# A set whose link goes to a dead port on node-c only: it works on the first wave's
+# nodes (they commit it) and fails on the second wave's (tried, never connects, rolled
+# back by boot), which halts the rollout after the first wave committed.
+BROKEN_ON_C = {
+    "pubnode/link.py": (
+        "self.host, self.port = host, port",
+        "self.host, self.port = host, (9 if node_id == 'node-c' else port)",
+    )
+}
+NODES = ["node-a", "node-b", "node-c"]
+
+
+@pytest.fixture
+def site(tmp_path: Path, mosquitto: Mosquitto) -> Iterator[Site]:
+    s = Site(tmp_path, mosquitto, NODES)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def last_marker(board: Board) -> str | None:
+    """The set marker the board printed last: the set its code was last imported from
+    (the factory set prints none)."""
+    found = re.findall(r"^set marker: (\S+)$", board.output(), re.M)
+    return found[-1] if found else None
+
+
+def start(site: Site) -> dict[str, Board]:
+    boards = {n: site.board(n).run() for n in NODES}
+    assert wait_until(lambda: all(site.software(n) for n in NODES), 30)
+    return boards
+
+
+def test_a_halted_rollout_reverts_the_nodes_it_updated(site: Site) -> None:
+    boards = start(site)
+    a, b, c = (boards[n] for n in NODES)
+    one = make_lib(site.tmp, "one")
+    first = site.update("--all", "--files", str(one), "--format", "py", "--waves", "100%",
+                        "--timeout", "60")  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert [runs(x) for x in (a, b, c)] == ["1", "1", "1"]
+
+    broken = make_lib(site.tmp, "broken", BROKEN_ON_C)
+    done = site.update("--all", "--files", str(broken), "--format", "py", "--waves", "2",
+                       "--timeout", "60")  # fmt: skip
+    out = done.stdout
+    print(out)
+    assert "wave 1/2: version 2 offered to node-a, node-b" in out, out + done.stderr
+    assert "halted: wave 2: 1 failed (node-c)" in out, out
+    # The nodes' own view: node-a and node-b ran set 2 (its marker printed at a boot) and
+    # now run set 1's files again, under a new number: the revert.
+    for x in (a, b):
+        assert "set marker: broken" in x.output(), x.node
+        assert wait_until(lambda x=x: last_marker(x) == "one", 10), (
+            f"{x.node} runs set {runs(x)}, marker {last_marker(x)}: not set 1's files",
+            x.output()[-3000:],
+        )
+        current = runs(x)
+        assert current not in (None, "1", "2"), (x.node, current)
+        assert same_files(x.flash / "sets" / current, one), x.node
+        assert not (x.flash / "sets" / "2").exists()  # committed sets drop the others
+    assert runs(a) == runs(b) == "3"
+    for n in ("node-a", "node-b"):
+        sw = site.software(n)  # what each node says of itself, through the gateway
+        assert (sw["version"], sw["state"]) == (3, "running"), (n, sw)
+    # node-c rolled set 2 back by itself and keeps set 1: it is not offered the revert.
+    assert runs(c) == "1" and last_marker(c) == "one"
+    assert "revert: version 3 (the files of version 1) offered to node-a, node-b" in out, out
+    assert re.search(r"^node-a\s+reverted\s+3\s+runs version 3: the files of version 1", out,
+                     re.M), out  # fmt: skip
+    assert re.search(r"^node-b\s+reverted\s+3\s", out, re.M), out
+    assert re.search(r"^node-c\s+rolled_back\s+1\s", out, re.M), out
+    assert "reverted: 2 node(s) run what they ran before" in out, out
+    assert done.returncode == EXIT_ROLLOUT_HALTED, done.returncode
+    # The failed version's offers are gone: no node can take it later.
+    offers = site.state / "offers"
+    assert not (offers / "node-c.json").exists()
+    assert '"version": 3' in (offers / "node-a.json").read_text()
+
+
+def test_no_revert_leaves_the_updated_nodes_on_the_new_version(site: Site) -> None:
+    boards = start(site)
+    a, b, c = (boards[n] for n in NODES)
+    broken = make_lib(site.tmp, "broken", BROKEN_ON_C)
+    done = site.update("--all", "--files", str(broken), "--format", "py", "--waves", "2",
+                       "--timeout", "60", "--no-revert")  # fmt: skip
+    out = done.stdout
+    print(out)
+    assert done.returncode == 1, out + done.stderr
+    assert "halted: wave 2: 1 failed (node-c)" in out, out
+    assert "revert:" not in out and "reverted" not in out, out
+    for x in (a, b):
+        assert runs(x) == "1" and last_marker(x) == "broken", x.node
+        assert site.software(x.node)["version"] == 1
+    assert runs(c) is None  # it rolled set 1 back: on its factory set again
+    assert "pubboot: set 1 did not commit on its try: rolled back to 0" in c.output()
+    assert [p.name for p in (site.state / "sets").iterdir()] == ["1"]  # no revert set
