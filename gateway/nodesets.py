@@ -43,7 +43,9 @@ CHUNK_MAC_BYTES = 16
 DEFAULT_CHUNK = 1024
 MAX_FILES = 64  # firmware/lib/pubnode/update.py refuses more
 MAX_SET_BYTES = 4 * 1024 * 1024
-Format = Literal["mpy", "py", "image"]
+# "factory": no files, a version under which a node runs the factory set deploy.sh put in
+# /lib (firmware/lib/pubnode/update.py); how a halted rollout takes a node back to it.
+Format = Literal["mpy", "py", "image", "factory"]
 IMAGE_BLOCK = 4096  # an ESP32 partition's erase block: image chunks must divide it
 APP_IMAGE_MAGIC = 0xE9  # the first byte of an ESP32 app image (esptool's image format)
 _VALID_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
@@ -245,6 +247,7 @@ def save_set(
     sets.mkdir(parents=True, exist_ok=True)
     tmp = sets / f".{version}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     for f in files:
         target = tmp / "files" / f.path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -295,8 +298,8 @@ def manifest(node: str, s: SoftwareSet, chunk: int) -> bytes:
         "chunk": chunk,
         "files": s.entries(),
     }
-    if s.format == "image":
-        body["kind"] = "image"
+    if s.format in ("image", "factory"):
+        body["kind"] = s.format
     return json.dumps(body, separators=(",", ":")).encode()
 
 

@@ -272,12 +272,9 @@ def _revert(
         prev = before.get(n)
         if prev is None:
             why = f"what it ran before {what} {software.version} is not known (no word from it)"
-        elif prev == 0:
-            why = (
-                f"it ran {'the image flashed by cable' if image else 'its factory set'} "
-                f"({what} 0), which this gateway does not hold"
-            )
-        elif prev not in set_versions(root):
+        elif prev == 0 and image:
+            why = "it ran the image flashed by cable (image 0), which this gateway does not hold"
+        elif prev and prev not in set_versions(root):
             why = f"it ran {what} {prev}, and this gateway holds no set {prev} ({root}/sets)"
         else:
             groups.setdefault(prev, []).append(n)
@@ -286,14 +283,13 @@ def _revert(
     targets: dict[str, int] = {}  # node -> the revert set it is offered
     for prev, group in sorted(groups.items()):
         try:
-            old = load_set(root, prev)
-            rev = save_set(
-                root,
-                list(old.files),
-                f"revert of {software.version}: the files of set {prev} ({old.label})",
-                old.format,
-                new=True,
-            )
+            if prev == 0:  # its factory set, in its /lib: the node has the files
+                label = f"revert of {software.version}: the factory set"
+                rev = save_set(root, [], label, "factory", new=True)
+            else:
+                old = load_set(root, prev)
+                label = f"revert of {software.version}: the files of set {prev} ({old.label})"
+                rev = save_set(root, list(old.files), label, old.format, new=True)
         except UpdateError as exc:
             for n in group:
                 _not_reverted(root, result, n, f"set {prev}: {exc}", say)
@@ -302,10 +298,7 @@ def _revert(
         for n in group:
             write_offer(root, n, make_offer(keys[n], n, rev, chunk))
             targets[n] = rev.version
-        say(
-            f"revert: {what} {rev.version} (the files of {what} {prev}) offered to "
-            f"{', '.join(group)}"
-        )
+        say(f"revert: {what} {rev.version} ({_files_of(what, prev)}) offered to {', '.join(group)}")
     if not targets:
         return
     got = _watch(targets, software.format, timeout_s, status, say, poll_s, tag="revert: ")
@@ -314,13 +307,17 @@ def _revert(
         prev = result.reverts[rev_v]
         was = result.results[n].outcome
         if r.outcome == "done":
-            out, detail = "reverted", f"runs {what} {rev_v}: the files of {what} {prev} again"
+            out, detail = "reverted", f"runs {what} {rev_v}: {_files_of(what, prev)} again"
         elif r.outcome == "offline":
             out = "offline"
             detail = f"not connected while the revert ran: {what} {rev_v} waits for it"
         else:
             out, detail = "revert_failed", f"{what} {rev_v} (the revert) {r.outcome}: {r.detail}"
         result.results[n] = NodeResult(n, out, r.running, detail, was)
+
+
+def _files_of(what: str, prev: int) -> str:
+    return "the factory set" if prev == 0 else f"the files of {what} {prev}"
 
 
 def _not_reverted(root: Path, result: Rollout, n: str, why: str, say: Progress) -> None:

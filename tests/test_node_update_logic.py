@@ -39,6 +39,7 @@ CHECKS = [
     "file_sha_mismatch",
     "withdrawn_and_replaced",
     "pointer_switch",
+    "factory_set",
 ]
 NODE, PASSWORD = "node-a", "correct-horse-battery-staple-0123"
 CHUNK = 256
@@ -71,6 +72,19 @@ def _vector(key: bytes, node: str, s: SoftwareSet, chunk: int, **tamper: Any) ->
     return {"manifest": manifest_message(parsed), "chunks": chunks}
 
 
+def _factory_with_files(key: bytes, s: SoftwareSet) -> bytes:
+    """A signed manifest of kind factory that lists files: the node refuses it."""
+    m = json.loads(make_offer(key, NODE, s, CHUNK)["manifest"])
+    m["kind"] = "factory"
+    body = json.dumps(m, separators=(",", ":")).encode()
+    return (
+        b"M "
+        + hmac.new(key, b"pubcomp manifest v1\x00" + body, hashlib.sha256).hexdigest().encode()
+        + b"\n"
+        + body
+    )
+
+
 def write_vectors(path: Path) -> None:
     key = update_key(PASSWORD, NODE)
     v1 = SoftwareSet(1, "test v1", "mpy", tuple(_files(b"one", 700)))
@@ -95,6 +109,8 @@ def write_vectors(path: Path) -> None:
         "NOT_JSON": b"M " + b"0" * 64 + b"\n{not json",
         "ESCAPING": _vector(key, NODE, escaping, CHUNK)["manifest"],
         "SHA_BAD": _vector(key, NODE, v1, CHUNK, sha_of=1),
+        "FACTORY": _vector(key, NODE, SoftwareSet(7, "factory", "factory", ()), CHUNK),
+        "FACTORY_WITH_FILES": _factory_with_files(key, v1),
         "RAM_SIZES": RAM_SIZES,
         "RAM": ram,
     }

@@ -98,6 +98,33 @@ def test_a_halted_rollout_reverts_the_nodes_it_updated(site: Site) -> None:
     assert '"version": 3' in (offers / "node-a.json").read_text()
 
 
+def test_nodes_that_ran_their_factory_set_are_reverted_to_it(site: Site) -> None:
+    """The gateway never had the factory set (deploy.sh put it in /lib): the revert is a
+    set of kind "factory", no files under a new version, and the node runs /lib under it."""
+    boards = start(site)
+    a, b, c = (boards[n] for n in NODES)
+    broken = make_lib(site.tmp, "broken", BROKEN_ON_C)
+    done = site.update("--all", "--files", str(broken), "--format", "py", "--waves", "2",
+                       "--timeout", "60")  # fmt: skip
+    out = done.stdout
+    print(out)
+    assert "halted: wave 2: 1 failed (node-c)" in out, out + done.stderr
+    for x in (a, b):
+        log = x.output()
+        assert "set marker: broken" in log, x.node
+        assert wait_until(lambda x=x: runs(x) == "2", 10), (x.node, runs(x), log[-3000:])
+        assert list((x.flash / "sets" / "2").iterdir()) == []  # nothing of its own: /lib
+        # The boot into version 2 imported the factory set: no marker after the switch.
+        after = x.output().split("update: version 2 staged beside version 1")[-1]
+        assert "update: version 2 committed" in after and "set marker" not in after, after
+        assert site.software(x.node)["version"] == 2
+    assert runs(c) is None
+    assert "revert: version 2 (the factory set) offered to node-a, node-b" in out, out
+    assert re.search(r"^node-a\s+reverted\s+2\s+runs version 2: the factory set again", out,
+                     re.M), out  # fmt: skip
+    assert done.returncode == EXIT_ROLLOUT_HALTED, done.returncode
+
+
 def test_no_revert_leaves_the_updated_nodes_on_the_new_version(site: Site) -> None:
     boards = start(site)
     a, b, c = (boards[n] for n in NODES)
