@@ -245,6 +245,42 @@ def _running(wave: list[str], runs: str, status: Status) -> dict[str, int | None
     return out
 
 
+@dataclass
+class RevertPlan:
+    groups: dict[int, list[str]]  # the version they ran before -> nodes to take back to it
+    cannot: dict[str, str]  # node -> why it cannot be taken back
+    keep: list[str]  # nodes that run what they ran before (refused, gave up, rolled back)
+
+
+def plan_revert(
+    outcomes: dict[str, str],
+    before: dict[str, int | None],
+    held: list[int],
+    software: SoftwareSet,
+) -> RevertPlan:
+    """Who is taken back to what after a halt: ``outcomes`` of the nodes offered
+    ``software``, the version each ran as its wave began, the sets this gateway holds."""
+    image = software.format == "image"
+    what = "image" if image else "version"
+    plan = RevertPlan({}, {}, [])
+    for n, got in outcomes.items():
+        if got not in REVERT:
+            plan.keep.append(n)
+            continue
+        prev = before.get(n)
+        if prev is None:
+            why = f"what it ran before {what} {software.version} is not known (no word from it)"
+        elif prev == 0 and image:
+            why = "it ran the image flashed by cable (image 0), which this gateway does not hold"
+        elif prev and prev not in held:
+            why = f"it ran {what} {prev}, and this gateway holds no set {prev} (deleted?)"
+        else:
+            plan.groups.setdefault(prev, []).append(n)
+            continue
+        plan.cannot[n] = why
+    return plan
+
+
 def _revert(
     root: Path,
     keys: dict[str, bytes],
@@ -261,25 +297,14 @@ def _revert(
     """After a halt: each node offered ``software`` that may run it (or take it later) is
     offered what it ran before as a new set; the others lose their offer."""
     result.reverting = True
-    image = software.format == "image"
-    what = "image" if image else "version"
-    groups: dict[int, list[str]] = {}  # the version a node ran before -> nodes
-    for n in offered:
-        r = result.results[n]
-        if r.outcome not in REVERT:
-            withdraw(root, n)  # it runs what it ran before: only the failed offer goes
-            continue
-        prev = before.get(n)
-        if prev is None:
-            why = f"what it ran before {what} {software.version} is not known (no word from it)"
-        elif prev == 0 and image:
-            why = "it ran the image flashed by cable (image 0), which this gateway does not hold"
-        elif prev and prev not in set_versions(root):
-            why = f"it ran {what} {prev}, and this gateway holds no set {prev} ({root}/sets)"
-        else:
-            groups.setdefault(prev, []).append(n)
-            continue
+    what = "image" if software.format == "image" else "version"
+    outcomes = {n: result.results[n].outcome for n in offered}
+    plan = plan_revert(outcomes, before, set_versions(root), software)
+    for n in plan.keep:
+        withdraw(root, n)  # it runs what it ran before: only the failed offer goes
+    for n, why in plan.cannot.items():
         _not_reverted(root, result, n, why, say)
+    groups = plan.groups
     targets: dict[str, int] = {}  # node -> the revert set it is offered
     for prev, group in sorted(groups.items()):
         try:
