@@ -7,6 +7,7 @@ which set marker its last boot printed (tests/test_node_update.py's make_lib).""
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from devkit.broker import Mosquitto
 from devkit.node_helpers import Board, wait_until
-from pubcomp.sync.exitcodes import EXIT_ROLLOUT_HALTED
+from pubcomp.sync.exitcodes import EXIT_REVERT_FAILED, EXIT_ROLLOUT_HALTED
 from tests.test_node_update import Site, make_lib, runs, same_files
 
 # A set whose link goes to a dead port on node-c only: it works on the first wave's
@@ -123,6 +124,29 @@ def test_nodes_that_ran_their_factory_set_are_reverted_to_it(site: Site) -> None
     assert re.search(r"^node-a\s+reverted\s+2\s+runs version 2: the factory set again", out,
                      re.M), out  # fmt: skip
     assert done.returncode == EXIT_ROLLOUT_HALTED, done.returncode
+
+
+def test_a_revert_that_cannot_be_made_is_said_and_exits_8(site: Site) -> None:
+    """The set node-a and node-b ran was deleted from the gateway by hand: they cannot be
+    taken back; the command says so per node and exits EXIT_REVERT_FAILED."""
+    boards = start(site)
+    one = make_lib(site.tmp, "one")
+    first = site.update("--all", "--files", str(one), "--format", "py", "--waves", "100%",
+                        "--timeout", "60")  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    shutil.rmtree(site.state / "sets" / "1")
+    broken = make_lib(site.tmp, "broken", BROKEN_ON_C)
+    done = site.update("--all", "--files", str(broken), "--format", "py", "--waves", "2",
+                       "--timeout", "60")  # fmt: skip
+    out = done.stdout
+    print(out)
+    assert done.returncode == EXIT_REVERT_FAILED, out + done.stderr
+    for n in ("node-a", "node-b"):
+        assert re.search(rf"^{n}\s+revert_failed\s+2\s+it ran version 1, and this gateway "
+                         r"holds no set 1", out, re.M), out  # fmt: skip
+        assert runs(boards[n]) == "2"  # still on the version that failed elsewhere
+    assert "reverted: 0 node(s) run what they ran before; revert_failed: node-a, node-b" in out
+    assert not list((site.state / "offers").iterdir())  # version 2 is offered to no one
 
 
 def test_no_revert_leaves_the_updated_nodes_on_the_new_version(site: Site) -> None:
