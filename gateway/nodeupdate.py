@@ -151,7 +151,7 @@ def outcome(sw: dict[str, Any] | None, version: int, kind: str = "files") -> tup
         return None, "trying it"
     if sw.get("offer") == version and sw.get("total"):
         return None, f"fetching: {sw.get('served', 0):,} of {sw['total']:,} bytes"
-    return None, f"runs {sw.get('version')}, {sw.get('state')}"
+    return None, f"runs {'image ' if kind == 'image' else ''}{sw.get(runs)}, {sw.get('state')}"
 
 
 def prepare_set(

@@ -197,6 +197,13 @@ def test_waves_and_outcomes() -> None:
     assert outcome({**base, "last": [3, "refused", "why"]}, 3) == ("refused", "why")
     assert outcome({**base, "last": [2, "refused", "older"]}, 3)[0] is None  # another offer
     assert outcome({**base, "image": 3, "image_bad": 0}, 3, "image")[0] == "done"
+    # While under way, it says what runs: the version, or for an image the image.
+    assert outcome(base, 3) == (None, "fetching: 0 of 10 bytes")
+    assert outcome({**base, "offer": None}, 3) == (None, "runs 0, running")
+    assert outcome({**base, "offer": None, "image": 1}, 3, "image") == (
+        None,
+        "runs image 1, running",
+    )
 
 
 def test_a_halt_reverts_who_may_run_the_failed_version_to_what_it_ran() -> None:

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from devkit.broker import Mosquitto
+from devkit.link import LinkProxy
 from devkit.node_helpers import Board, wait_until
 from pubcomp.sync.exitcodes import EXIT_REVERT_FAILED, EXIT_ROLLOUT_HALTED
-from tests.test_node_update import Site, make_lib, runs, same_files
+from tests.test_node_update import Site, _image, _otadata, make_lib, runs, same_files
 
 # A set whose link goes to a dead port on node-c only: it works on the first wave's
 # nodes (they commit it) and fails on the second wave's (tried, never connects, rolled
@@ -166,3 +169,60 @@ def test_no_revert_leaves_the_updated_nodes_on_the_new_version(site: Site) -> No
     assert runs(c) is None  # it rolled set 1 back: on its factory set again
     assert "pubboot: set 1 did not commit on its try: rolled back to 0" in c.output()
     assert [p.name for p in (site.state / "sets").iterdir()] == ["1"]  # no revert set
+
+
+def test_an_esp32_image_rollout_that_halts_reverts_to_the_image_before(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """The ESP32 path (esp32.Partition stand-in): image 2 commits on node-e1, then fails its
+    trial on node-e2 (its link is down while it tries it; the bootloader goes back), the
+    rollout halts, and node-e1 gets image 1's bytes again as image 3, written to its other
+    OTA partition, booted and marked valid."""
+    site = Site(tmp_path, mosquitto, ["node-e1", "node-e2"])
+    link = LinkProxy(site.gw.ingress_port)
+    try:
+        e1 = site.board("node-e1")
+        parts = e1.esp32()
+        e2 = site.board("node-e2", port=link.port)
+        e2.esp32()
+        for b in (e1, e2):
+            b.run()
+        assert wait_until(lambda: site.software("node-e1") and site.software("node-e2"), 30)
+        good = _image(site.tmp, "fw-good", 120_000)
+        first = site.update("--all", "--format", "image", "--files", str(good), "--waves",
+                            "100%", "--timeout", "60")  # fmt: skip
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert _otadata(e1)["boot"] == "ota_1"
+        second = _image(site.tmp, "fw-second", 100_000)
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "pubcomp.cli", "node", "update", "--config",
+             str(site.gw.fleet), "--gateway", site.gw.gid, "--all", "--waves", "1",
+             "--format", "image", "--files", str(second), "--timeout", "60"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            assert wait_until(lambda: "image 2 written and set to boot" in e2.output(), 60, 0.01)
+            link.down()
+            assert wait_until(lambda: "the bootloader went back" in e2.output(), 30)
+            link.up()
+            out, _ = cli.communicate(timeout=120)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+        print(out)
+        assert "update: image 2 committed" in e1.output()  # the first wave took it
+        assert wait_until(lambda: "update: image 3 committed" in e1.output(), 10), out
+        # image 3 went to the partition image 2 did not run from, with image 1's bytes.
+        assert _otadata(e1) == {"boot": "ota_1", "state": {"ota_0": "valid", "ota_1": "valid"}}
+        data = good.read_bytes()
+        assert (parts / "ota_1.bin").read_bytes()[: len(data)] == data
+        assert site.software("node-e1")["image"] == 3
+        assert (site.software("node-e2")["image"], site.software("node-e2")["image_bad"]) == (1, 2)
+        assert "revert: image 3 (the files of image 1) offered to node-e1" in out, out
+        assert re.search(r"^node-e1\s+reverted\s+3\s+runs image 3: the files of image 1",
+                         out, re.M), out  # fmt: skip
+        assert re.search(r"^node-e2\s+rolled_back\s+1\s", out, re.M), out
+        assert cli.returncode == EXIT_ROLLOUT_HALTED, out
+    finally:
+        link.close()
+        site.close()
