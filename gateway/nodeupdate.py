@@ -304,9 +304,8 @@ def _revert(
         withdraw(root, n)  # it runs what it ran before: only the failed offer goes
     for n, why in plan.cannot.items():
         _not_reverted(root, result, n, why, say)
-    groups = plan.groups
     targets: dict[str, int] = {}  # node -> the revert set it is offered
-    for prev, group in sorted(groups.items()):
+    for prev, group in sorted(plan.groups.items()):
         try:
             if prev == 0:  # its factory set, in its /lib: the node has the files
                 label = f"revert of {software.version}: the factory set"
@@ -479,11 +478,10 @@ def node_update(args: argparse.Namespace) -> int:
     if rollout.reverting:
         back = [n for n, r in rollout.results.items() if r.outcome == "reverted"]
         if rollout.reverts or rollout.revert_failed:
-            print(
-                f"reverted: {len(back)} node(s) run what they ran before"
-                + (f"; revert_failed: {', '.join(rollout.revert_failed)}"
-                   if rollout.revert_failed else "")
-            )  # fmt: skip
+            line = f"reverted: {len(back)} node(s) run what they ran before"
+            if rollout.revert_failed:
+                line += f"; revert_failed: {', '.join(rollout.revert_failed)}"
+            print(line)
         else:
             print(f"nothing to revert: no node runs version {rollout.version}")
         return EXIT_REVERT_FAILED if rollout.revert_failed else EXIT_ROLLOUT_HALTED
