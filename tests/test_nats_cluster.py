@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import socket
+import sqlite3
 import struct
 import threading
 import time
@@ -264,13 +265,14 @@ def test_mqtt5_is_refused_and_share_is_a_plain_topic(cluster: NatsCluster) -> No
 
 def run_chain(
     tmp_path: Path, cluster: NatsCluster, readings: int, victim: int | None
-) -> tuple[collections.Counter[str], collections.Counter[str], set[str], str]:
+) -> tuple[collections.Counter[str], collections.Counter[str], set[str], int, str]:
     """``pubcomp uplink run`` (QoS 2, MQTT 3.1.1, ``--batch 1``: a message per stored
     commit of five readings) drains a store to node 0, end to end: it keeps every
     reading until the ingest says it is landed, and publishes again what is not landed
     within 5 s; ``pubcomp ingest run`` lands from node 1, where a paho checker
     (persistent session, QoS 2) counts too. With ``victim``, that node is SIGKILLed
-    once a fifth has arrived and started again. (landed, checked, expected ids, what to
+    once a fifth has arrived and started again. (landed, checked, expected ids, the
+    readings the uplink published again because they were not landed in time, what to
     print on a failure.)"""
     landing = tmp_path / "landing"
     ing = IngestProc(port_of(cluster, 1), landing, "ingest-1", "--protocol", "3.1.1").start()
@@ -306,19 +308,32 @@ def run_chain(
         checker.stop()
     counts = landed(landing)  # the stop rolled every file
     assert rejected(landing) == []
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        resent = sum(
+            v
+            for (v,) in db.execute(
+                "SELECT value FROM counters WHERE name IN "
+                "('resent_not_landed', 'resent_after_session_loss')"
+            )
+        )
     state = (
         f"landing {exactly_once_report(counts, expected)}\n"
-        f"checker {exactly_once_report(seen, expected)}\ningest {stats}\n{cluster.describe()}"
+        f"checker {exactly_once_report(seen, expected)}\nresent {resent}\n"
+        f"ingest {stats}\n{cluster.describe()}"
     )
-    return counts, seen, expected, state
+    return counts, seen, expected, resent, state
 
 
 def test_chain_lands_exactly_once_across_nodes(tmp_path: Path, cluster: NatsCluster) -> None:
     """pubcomp's uplink and ingest talk MQTT 3.1.1 to NATS as they are: QoS 2 and
     persistent sessions on two different nodes; 1,000 readings, each landed once."""
-    counts, seen, expected, state = run_chain(tmp_path, cluster, 1000, None)
+    counts, seen, expected, resent, state = run_chain(tmp_path, cluster, 1000, None)
     assert counts == dict.fromkeys(expected, 1), state
-    assert seen == dict.fromkeys(expected, 1), state
+    # The broker relays each reading once, plus the copies the gateway published again
+    # because the ingest's landed acknowledgement came after --landed-timeout (5 s: on a
+    # loaded machine it can): the same ids, which the landing zone above holds once.
+    assert seen.keys() == expected, state
+    assert sum(seen.values()) - len(seen) <= resent, state
 
 
 @pytest.mark.parametrize("killed", ["uplink", "ingest", "third"])
@@ -337,6 +352,13 @@ def test_chain_lands_every_reading_across_a_node_kill(
     3,000 with the ingest's). End to end, the gateway keeps what was not landed and
     publishes it again, and the ingest lands a new message under a held id."""
     victim = {"uplink": 0, "ingest": 1, "third": 2}[killed]
-    counts, seen, expected, state = run_chain(tmp_path, cluster, 2000, victim)
+    counts, seen, expected, _, state = run_chain(tmp_path, cluster, 2000, victim)
     assert counts.keys() == expected, state
-    assert seen.keys() == expected, state
+    assert not seen.keys() - expected, state  # relayed nothing the store did not hold
+    if killed != "ingest":
+        assert seen.keys() == expected, state
+    # With the ingest's node killed, the checker's session is on the node that died: NATS
+    # may lose for it what it lost for the ingest (docs/brokers.md), and the gateway sends
+    # again only what the ingest did not land, so the checker may miss a reading the
+    # landing zone holds (one of 2,000 in a run at load 25). The landing zone is the
+    # promise, checked above.
