@@ -35,6 +35,7 @@ from pubcomp.sync.gatewaystatus import (
     NodeStatus,
     OfflineStatus,
     OnlineStatus,
+    ReleaseStatus,
     SensorStatus,
     parse,
 )
@@ -107,6 +108,8 @@ class Facts(BaseModel):
     flash_bytes_per_day: Annotated[float | None, At("flash.bytes_per_day")] = None
     sensors: Annotated[dict[str, SensorStatus], At("sensors")] = Field(default_factory=dict)
     nodes: Annotated[dict[str, NodeStatus], At("nodes")] = Field(default_factory=dict)
+    # None: a gateway run without --release-dir, or from before issue 28.
+    release: Annotated[ReleaseStatus | None, At("release")] = None
 
 
 def fact_paths() -> dict[str, str]:
