@@ -74,6 +74,7 @@ faults.register(
 )
 
 TRIAL_POLL_S = 0.5
+BASELINE_SETTLE_S = 5.0  # the switch waits until the gateway has run this long
 KEYS_GRACE_S = 10.0  # a release that comes before the keys document waits this long for it
 GRACE = ""  # the queue's topic for "the grace is over"
 REFUSED = "release_refused:"  # durable counters: release_refused:<reason>, release_<event>
@@ -198,6 +199,8 @@ def prepare(
     )
     if plan.set_current[0]:
         rdir.set_current(plan.set_current[1])
+        if state.phase == "rolling_back":
+            crash_point("release_rolled_back", str(cand.version if cand else ""))
     for s, a in plan.steps:
         _commit_now(store, s, a, clock)
         state = s
@@ -518,6 +521,12 @@ class ReleaseApply:
                 str(env["signed"]["config"]),
                 cand.envelope.encode("utf-8"),
             )
+        # The baseline is what ran well before the switch: a gateway that has just started
+        # (after a cut at fetched, verified or staged) has no sensor readings and no nodes
+        # back yet, which would excuse them all from the trial.
+        settle = BASELINE_SETTLE_S - (time.monotonic() - (self.gw.ready_at or time.monotonic()))
+        if settle > 0:
+            await asyncio.sleep(settle)
         baseline = rules.baseline_of(
             {sid: s.readings for sid, s in self.gw.drivers.status.items()},
             self.gw.nodes_connected(),

@@ -191,6 +191,7 @@ class Gateway:
         elif self.release is not None:
             log.warning("status.enabled is false: no release can reach this gateway")
         self.ready = False
+        self.ready_at: float | None = None
         self.reexec: str | None = None  # why this process is to be replaced by a new one
         self._stop: asyncio.Event | None = None
         # The backlog peaks when the uplink connects again: record it then, not 2 s later.
@@ -240,7 +241,7 @@ class Gateway:
         if self.release is not None:
             self.chores.start("release", self.release.run())
         self.notifier.ready(self.status_line())
-        self.ready = True
+        self.ready, self.ready_at = True, time.monotonic()
         log.info(
             "gateway %s running: ingress port %s, health port %s, %d sensors, %d nodes",
             self.cfg.id,
