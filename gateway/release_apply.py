@@ -276,6 +276,7 @@ class ReleaseApply:
         self._last_release: bytes | None = None  # to take again when new keys come
         self._waiting: bytes | None = None  # came while one was in trial
         self._refused_keys: set[str] = set()
+        self._refused_unread: set[str] = set()  # (this process: a chunk's retained copies)
         self._grace: asyncio.TimerHandle | None = None
         self.trust: release.Trust | None = None
         self.trust_error: str | None = None
@@ -396,10 +397,14 @@ class ReleaseApply:
         digest = hashlib.sha256(payload).hexdigest()
         try:
             unverified = release.read_release(payload)
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            await self._refuse_unread(digest, ReleaseRefused("malformed", "release: not UTF-8"))
+            return
         except ReleaseRefused as exc:
             await self._refuse_unread(digest, exc)
             return
-        kind = rules.arrival(self.state, unverified.version, unverified.config_sha256)
+        kind = rules.arrival(self.state, unverified.version, unverified.config_sha256, digest)
         if kind == "repeat_refusal" and again:  # refused for want of keys: try once more
             kind = "new"
         if kind == "busy":
@@ -418,15 +423,16 @@ class ReleaseApply:
                     KEYS_GRACE_S, lambda: self._queue.put_nowait((GRACE, b""))
                 )
             return
-        await self._step(*rules.fetched(self.state, unverified.version, unverified.config_sha256,
-                                        payload.decode("utf-8")))  # fmt: skip
+        v, sha = unverified.version, unverified.config_sha256
+        await self._step(*rules.fetched(self.state, v, sha, text, digest))
         crash_point("release_fetched", str(unverified.version))
         await self._advance()
 
     async def _refuse_unread(self, digest: str, exc: ReleaseRefused) -> None:
-        if self.state.refused == (0, digest):
+        if self.state.refused == (0, digest) or digest in self._refused_unread:
             self.refusals.ignored += 1
             return
+        self._refused_unread.add(digest)
         self.refusals.by_reason[exc.reason] += 1
         log.error("release: refused (%s): %s", exc.reason, exc)
         await self._step(*rules.refused_unread(self.state, digest, exc.reason, str(exc)))

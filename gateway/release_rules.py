@@ -123,7 +123,8 @@ class ApplyRuleError(Exception):
 class Candidate:
     version: int
     sha256: str  # the configuration's (config_sha256)
-    envelope: str | None = None  # kept until staged (then it is on disk)
+    envelope: str | None = None  # kept until switched (then it is on disk)
+    digest: str = ""  # the envelope's bytes' SHA-256 (a repeat of a refusal is known by it)
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class ApplyState:
     newest: int = 0  # the newest version applied or marked bad (rollback protection)
     bad: tuple[int, ...] = ()
     last_error: str | None = None
-    refused: tuple[int, str] | None = None  # (version, sha256) of the last refusal
+    refused: tuple[int, str] | None = None  # (version, envelope digest) of the last refusal
     attempts: int = 0  # starts in trial
     baseline: Baseline = field(default_factory=Baseline)
 
@@ -220,14 +221,14 @@ Step = tuple[ApplyState, Audit]
 Arrival = Literal["new", "running", "known_bad", "repeat_refusal", "in_progress", "busy"]
 
 
-def arrival(state: ApplyState, version: int, sha256: str) -> Arrival:
+def arrival(state: ApplyState, version: int, sha256: str, digest: str) -> Arrival:
     """What an envelope (parsed, not yet verified) is to this state. Only ``new`` is
     fetched; ``busy``: one is past its switch, this one waits for the trial's end."""
     if state.version == version and state.sha256 == sha256:
         return "running"
     if version in state.bad:  # the retained copy of what was rolled back, at each reconnect
         return "known_bad"
-    if state.refused == (version, sha256):
+    if state.refused == (version, digest):
         return "repeat_refusal"
     cand = state.candidate
     if cand is not None and (cand.version, cand.sha256) == (version, sha256):
@@ -248,10 +249,10 @@ def _need(state: ApplyState, *phases: Phase) -> Candidate:
     return state.candidate or Candidate(0, "")
 
 
-def fetched(state: ApplyState, version: int, sha256: str, envelope: str) -> Step:
-    if arrival(state, version, sha256) != "new":
+def fetched(state: ApplyState, version: int, sha256: str, envelope: str, digest: str) -> Step:
+    if arrival(state, version, sha256, digest) != "new":
         raise ApplyRuleError(f"version {version} is not new here")
-    cand = Candidate(version, sha256, envelope)
+    cand = Candidate(version, sha256, envelope, digest)
     return replace(state, phase="fetched", candidate=cand, last_error=None), Audit(
         "fetched", version
     )
@@ -271,7 +272,7 @@ def refused(state: ApplyState, reason: Reason, detail: str) -> Step:
         phase="refused",
         candidate=None,
         last_error=text,
-        refused=(cand.version, cand.sha256),
+        refused=(cand.version, cand.digest),
     )
     return out, Audit("refused", cand.version, reason, detail)
 

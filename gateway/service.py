@@ -491,7 +491,7 @@ class Gateway:
     def _release_status(self) -> dict[str, Any] | None:
         if self.release is not None:
             return self.release.status()
-        if self.boot is not None:
+        if self.boot is not None and self.boot.problems:  # releases were applied here
             return status_without_releases(self.boot)
         return None
 
