@@ -293,6 +293,7 @@ HEADER = [
     "faults",
     "nodes",
     "version",
+    "release",
     "last status",
 ]
 
@@ -316,8 +317,24 @@ def row(v: GatewayView, j: Judgement, now: float) -> list[str]:
         str(v.sensor_faults) if v.sensors else "-",
         f"{v.nodes_connected}/{len(v.nodes)}" if v.nodes else "-",
         v.version or "-",
+        release_cell(v),
         f"{duration(now - v.when)} ago" if v.when is not None else "-",
     ]
+
+
+def release_cell(v: GatewayView) -> str:
+    """The signed release running, the one under way, and what was rolled back."""
+    r = v.release
+    if r is None:
+        return "-"
+    text = str(r.version) if r.version is not None else "config"
+    if r.candidate is not None:
+        text += f" -> {r.candidate} {r.state}"
+    elif r.state not in ("committed", "idle"):
+        text += f" {r.state}"
+    if r.bad:
+        text += f" (bad {','.join(map(str, r.bad))})"
+    return text
 
 
 def unlanded(v: GatewayView) -> str:
