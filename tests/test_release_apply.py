@@ -6,8 +6,11 @@ reaches the cloud once as a ``$release`` audit reading."""
 
 from __future__ import annotations
 
+import subprocess
+import urllib.request
 from pathlib import Path
 
+from devkit import hooked
 from devkit.broker import Mosquitto, free_port
 from devkit.gateway_helpers import PahoNode
 from devkit.node_helpers import wait_until
@@ -52,6 +55,20 @@ def test_a_good_release_is_switched_to_tried_and_committed(
         events = audit.wait(*((e, 1) for e in APPLIED))
         assert exactly_once(events) == {(e, 1): 1 for e in APPLIED}, events
         assert [e for e, _ in events] == list(APPLIED)
+        # What the operator reads: `pubcomp status`, the status page, /metrics.
+        out = subprocess.run(
+            [*hooked.command("status", "--config", str(gw.fleet), "--gateway", GID)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        print(out.stdout)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"release 1, sha256 {rel['sha256'][:12]}, committed" in out.stdout, out.stdout
+        with urllib.request.urlopen(gw.url("/"), timeout=5) as r:
+            assert "release 1, sha256" in r.read().decode()
+        with urllib.request.urlopen(gw.url("/metrics"), timeout=5) as r:
+            metrics = r.read().decode()
+        assert "pubcomp_release_version 1.0" in metrics
+        assert 'pubcomp_release_events_total{event="committed"} 1.0' in metrics
     finally:
         node.stop()
         audit.stop()
