@@ -194,8 +194,13 @@ def prepare(
         except ConfigError as exc:
             cand_ok = False
             boot.problems.append(f"release {cand.version} cannot run: {'; '.join(exc.problems)}")
+    current_text = rdir.config_text(current) if current is not None else None
     plan = rules.boot(
-        state, current, trial_starts=policy_cfg.release.trial_starts, candidate_ok=cand_ok
+        state,
+        current,
+        trial_starts=policy_cfg.release.trial_starts,
+        candidate_ok=cand_ok,
+        current_sha256=release.sha256_hex(current_text) if current_text is not None else None,
     )
     if plan.set_current[0]:
         rdir.set_current(plan.set_current[1])

@@ -38,6 +38,8 @@ Phases and their transitions (each arrow is one commit with one audit event)::
     trial    --a gate fails, the bound passes, or
                trial_starts starts without passing-> rolling_back
     rolling_back --current renamed back (boot)----> rolled_back (the version marked bad)
+    resting  --current names another version (boot)-> committed  (set by hand while stopped:
+                                                                  it runs, the state follows)
 
 A newer envelope that arrives before ``switched`` replaces the candidate (the
 gateway catches up on the newest, skipping those in between); one arriving from
@@ -101,6 +103,7 @@ Event = Literal[
     "committed",
     "rolling_back",
     "rolled_back",
+    "set_by_hand",
 ]
 # Why a release was refused: a code for counting (metrics, the audit reading), and a
 # sentence for people (the status's last_error, the log). sync/release.py's reasons (the
@@ -370,8 +373,33 @@ class BootPlan:
     set_current_then: tuple[bool, int | None] = (False, None)
 
 
+def set_by_hand(state: ApplyState, current: int | None, sha256: str | None) -> Step:
+    """``current`` names another release than the state (changed by hand while the gateway
+    was stopped, or a new store beside an old release directory): what it names runs, and
+    the state follows, saying so. A candidate not yet switched to stays under way (its
+    phase kept): the running task goes on with it, and a rollback returns to ``current``."""
+    phase: Phase = "committed" if current is not None else "idle"
+    out = replace(
+        state,
+        phase=phase if state.resting else state.phase,
+        version=current,
+        sha256=sha256,
+        previous=state.version,
+        previous_sha256=state.sha256,
+        newest=max(state.newest, current or 0),
+        last_error=f"current was set to {current or 'the --config file'} by hand "
+        f"(the state said {state.version or 'the --config file'})",
+    )
+    return out, Audit("set_by_hand", current, None, out.last_error)
+
+
 def boot(
-    state: ApplyState, current: int | None, *, trial_starts: int, candidate_ok: bool = True
+    state: ApplyState,
+    current: int | None,
+    *,
+    trial_starts: int,
+    candidate_ok: bool = True,
+    current_sha256: str | None = None,
 ) -> BootPlan:
     """What to run at a start, given the state and what ``current`` names on disk.
 
@@ -384,7 +412,9 @@ def boot(
     - switched or trial with a candidate whose files do not verify (``candidate_ok``
       False: altered or removed by hand): a rollback;
     - rolling_back: ``current`` set back to the release that ran before (``version``),
-      then rolled_back.
+      then rolled_back;
+    - otherwise, ``current`` naming another release than the state's: set by hand (the
+      operator's recovery, docs/operations.md): it runs, and the state follows.
     """
     phase, cand = state.phase, state.candidate
     if phase in ("switched", "trial") and cand is not None and not candidate_ok:
@@ -419,6 +449,8 @@ def boot(
         s, a = rolled_back(state)
         fix = (current != state.version, state.version)
         return BootPlan(state.version, set_current=fix, steps=((s, a),))
+    if current != state.version:
+        return BootPlan(current, steps=(set_by_hand(state, current, current_sha256),))
     return BootPlan(current)
 
 

@@ -212,3 +212,20 @@ def test_the_release_directory(tmp_path: Path) -> None:
     assert d.prune({8, 2}) == [1, 3, 4]  # the newest three others stay
     assert sorted(int(p.name) for p in d.releases.iterdir()) == [2, 5, 6, 7, 8]
     assert not list(d.releases.glob(".staging-*")) and not list(d.root.glob(".*.tmp"))
+
+
+def test_current_changed_by_hand_while_stopped_is_adopted_and_said() -> None:
+    st = rules.ApplyState(phase="committed", version=7, sha256="a" * 64, previous=6, newest=7)
+    plan = rules.boot(st, 6, trial_starts=3, current_sha256="c" * 64)
+    assert plan.run == 6
+    ((s, a),) = plan.steps
+    assert (s.phase, s.version, s.sha256, s.previous, s.newest) == ("committed", 6, "c" * 64, 7, 7)
+    assert a is not None and a.event == "set_by_hand" and "by hand" in (s.last_error or "")
+    back = rules.boot(st, None, trial_starts=3)  # current removed: the --config file
+    assert back.run is None and back.steps[0][0].phase == "idle"
+    assert rules.boot(st, 7, trial_starts=3).steps == ()
+    # A candidate staged but not yet switched to stays under way; only what runs changes.
+    cand = rules.Candidate(8, "b" * 64, "{}", "d")
+    staged = rules.ApplyState(phase="staged", version=7, sha256="a" * 64, newest=7, candidate=cand)
+    ((s2, _),) = rules.boot(staged, 6, trial_starts=3, current_sha256="c" * 64).steps
+    assert (s2.phase, s2.version, s2.candidate) == ("staged", 6, cand)
