@@ -154,6 +154,8 @@ def status_message(
                 last_seen=_iso(n["last_seen"]),
                 messages=n["messages"],
                 rejected=sum(n["rejected"].values()),
+                # the version of its application files (pubcomp node update), if it said
+                software=(n.get("software") or {}).get("version"),
             )
             for nid, n in sorted(snap["nodes"].items())
         },

@@ -517,7 +517,7 @@ def status_page(
     )
     nodes = _table(
         "nodes",
-        ["node", "connected", "last seen", "messages", "rejected"],
+        ["node", "connected", "last seen", "messages", "rejected", "software"],
         node_rows(snap),
         "No nodes in this gateway's section of the fleet file (or its ingress is off).",
     )

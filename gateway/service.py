@@ -43,6 +43,8 @@ from .fleetstatus import StatusPublisher
 from .health import HealthServer
 from .ingress import Ingress
 from .intake import Intake
+from .nodeoffer import OfferServer
+from .nodesets import state_dir
 from .notify import Notifier
 from .ratelog import Summary, SummaryFilter
 from .release_apply import Boot, ReleaseApply, reexec, status_without_releases
@@ -149,8 +151,9 @@ class Gateway:
         if cfg.ingress.enabled and cfg.nodes:
             hashes = {n.id: n.password_hash for n in cfg.nodes}
             self.ingress = Ingress(
-                self.intake, hashes, cfg.ingress, clock=self.clock, events=self.events
-            )
+                self.intake, hashes, cfg.ingress, clock=self.clock, events=self.events,
+                updates=OfferServer(state_dir(cfg), events=self.events),
+            )  # fmt: skip
         up = cfg.uplink
         self.uplink = Uplink(
             self.store,
@@ -434,6 +437,7 @@ class Gateway:
                     "readings": ns.readings,
                     "duplicates": ns.duplicates,
                     "rejected": dict(ns.rejected),
+                    "software": ns.software,  # node updates (gateway/nodeoffer.py)
                 }
         return {
             "gateway": self.cfg.id,

@@ -259,6 +259,22 @@ def sensor_rows(snap: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def software_text(sw: dict[str, Any] | None) -> str:
+    """A node's software as it said it (gateway/nodeoffer.py): "3", "4 (trial)",
+    "3, fetching 4: 41%", "3 (4 rolled back)"; "-" before it said anything."""
+    if not sw or sw.get("version") is None:
+        return "-"
+    text = str(sw["version"])
+    if sw.get("state") == "trial":
+        text += " (trial)"
+    offer, total = sw.get("offer"), sw.get("total") or 0
+    if offer not in (None, sw["version"]) and total and sw.get("state") == "downloading":
+        text += f", fetching {offer}: {100 * sw.get('served', 0) // total}%"
+    if sw.get("bad"):
+        text += f" ({sw['bad']} rolled back)"
+    return text
+
+
 def node_rows(snap: dict[str, Any]) -> list[list[str]]:
     now = snap["time"]
     return [
@@ -268,6 +284,7 @@ def node_rows(snap: dict[str, Any]) -> list[list[str]]:
             _age(n["last_seen"], now),
             str(n["messages"]),
             str(sum(n["rejected"].values())),
+            software_text(n.get("software")),
         ]
         for nid, n in sorted(snap["nodes"].items())
     ]
@@ -281,7 +298,7 @@ def render(snap: dict[str, Any]) -> str:
         hdr = ["sensor", "state", "last value", "readings", "faults", "restarts"]
         out += ["", text_table(hdr, sensor_rows(snap))]
     if snap["nodes"]:
-        hdr = ["node", "connected", "last seen", "messages", "rejected"]
+        hdr = ["node", "connected", "last seen", "messages", "rejected", "software"]
         out += ["", text_table(hdr, node_rows(snap))]
     return "\n".join(out)
 

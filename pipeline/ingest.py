@@ -451,7 +451,13 @@ class Ingest:
             msg = wire.loads(pkt.payload)
         except (ValueError, UnicodeDecodeError) as exc:
             return b"", 0, ("not_json", str(exc)), None
-        span = span_of(pkt.topic, msg) if self.acks is not None else None
+        span = span_of(pkt.topic, msg)
+        if span is not None:
+            # What of the gateway's store the message carried, with the message: where the
+            # completeness table finds which of the store's seqs landed (docs/pipeline.md).
+            record["outbox"] = {"epoch": span.epoch, "first": span.first, "last": span.last}
+        if self.acks is None:
+            span = None
         if not _plainly_valid(msg):
             err = next(iter(self.validator.iter_errors(msg)), None)
             if err is not None:

@@ -159,6 +159,9 @@ class NodeStatus(BaseModel):
     """Messages stored."""
     rejected: Count
     """Messages rejected."""
+    software: Count | None = None
+    """Optional: the version number of its application files (``pubcomp node update``);
+    null: the node has not said."""
 
 
 class ReleaseStatus(BaseModel):

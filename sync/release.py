@@ -60,7 +60,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import ReleaseRefused
+from .errors import ReleaseRefused as ReleaseRefused  # re-exported: what verify raises
 
 V = 1
 RELEASE_TYPE = "gateway-release"

@@ -44,7 +44,8 @@ def full_status(gw: str = "gw-7") -> dict[str, Any]:
         "last_error": "gone",
         "last": {"rain": {"value": 0.2, "unit": "mm", "ts": "2026-11-21T12:00:00.000Z"}},
     }
-    node = {"connected": True, "last_seen": wire.wire_time(NOW - 2), "messages": 5, "rejected": 1}
+    node = {"connected": True, "last_seen": wire.wire_time(NOW - 2), "messages": 5, "rejected": 1,
+            "software": 3}  # fmt: skip
     return status(
         gw,
         uplink={"end_to_end": True, "awaiting_landing": 12, "awaiting_age_s": 3.5},

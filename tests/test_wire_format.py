@@ -150,7 +150,7 @@ _FIELD_VALUES: dict[str, list[Any]] = {
     "readings": [[], [{"sensor": "a", "value": 1, "unit": "u"}] * 501, "x"],
 }
 _READING_VALUES: dict[str, list[Any]] = {
-    "sensor": ["", "s" * 64, "s" * 65, 3, None],
+    "sensor": ["", "s" * 64, "s" * 65, 3, None, "$ledger", "a$"],
     "value": [0, -1e300, 1.5, True, "2", None],
     "unit": [None, "", "u" * 16, "u" * 17, 1],
     "dt": [0, 1.5, -1, "1", None, 1e12, 3_155_760_000, 3_155_760_001],
