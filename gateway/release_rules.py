@@ -50,7 +50,8 @@ Rollback protection: ``newest`` is the highest version applied or marked bad; a
 release whose version is not above it is refused (a replay), so a version rolled
 back here comes back only as a newer release. What the broker keeps retained comes
 again at every reconnection, so a repeat of the running release, of a version
-marked bad, or of the last refusal is ignored quietly (counted as ``ignored``).
+marked bad, of the newest version in another copy (``same-version``: no news) or of
+the last refusal is ignored quietly (counted as ``ignored``, never as a refusal).
 
 Trial gates (``judge_trial``): the gateway is ready and healthy; the uplink is
 connected and has delivered a reading in this process (there is always one: the
@@ -221,7 +222,9 @@ Step = tuple[ApplyState, Audit]
 # ------------------------------------------------------------------ arrival
 
 
-Arrival = Literal["new", "running", "known_bad", "repeat_refusal", "in_progress", "busy"]
+Arrival = Literal[
+    "new", "running", "known_bad", "repeat_refusal", "in_progress", "same_version", "busy"
+]
 
 
 def arrival(state: ApplyState, version: int, sha256: str, digest: str) -> Arrival:
@@ -236,6 +239,10 @@ def arrival(state: ApplyState, version: int, sha256: str, digest: str) -> Arriva
     cand = state.candidate
     if cand is not None and (cand.version, cand.sha256) == (version, sha256):
         return "in_progress"
+    if state.newest and version == state.newest:
+        # The newest applied or marked bad, in another copy (or after ``current`` was set
+        # back by hand): no news, not a refusal (sync/release.py's ``same-version``).
+        return "same_version"
     if state.phase not in REPLACEABLE:
         return "busy"
     return "new"

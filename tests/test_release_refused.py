@@ -46,6 +46,15 @@ def _refused(gw: ReleaseGateway, reason: str) -> float:
     return _metrics(gw).get(f'pubcomp_release_refused_total{{"reason": "{reason}"}}', 0.0)
 
 
+def _all_refused(gw: ReleaseGateway) -> float:
+    return sum(v for k, v in _metrics(gw).items() if k.startswith("pubcomp_release_refused_total"))
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under the release directory, with its bytes: what "unchanged" means."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
 class Case:
     def __init__(self, gw: ReleaseGateway, audit: Audit, port: int) -> None:
         self.gw, self.audit, self.port = gw, audit, port
@@ -55,6 +64,7 @@ class Case:
         """Publish ``payload``; it must be refused for ``reason`` and change nothing."""
         before = self.gw.rel()
         current = (self.gw.release_dir / "current").read_bytes() if before["version"] else None
+        tree = _tree(self.gw.release_dir)
         sensors = set(self.gw.status()["sensors"])
         n = _refused(self.gw, reason)
         if chunk is None:
@@ -79,6 +89,7 @@ class Case:
             assert (self.gw.release_dir / "current").read_bytes() == current
         else:
             assert not (self.gw.release_dir / "current").exists()
+        assert _tree(self.gw.release_dir) == tree  # nothing staged, nothing renamed
         # The cloud hears of it once, with the reason.
         assert wait_until(
             lambda: any(f"reason:{reason}" in f for f in self.audit.flags_of("refused")), 20
@@ -142,6 +153,26 @@ def test_bad_releases_are_refused_and_nothing_is_applied(
         replay = gw.fleet_text(sensors=[SINE])
         case.refused(signer.release(GID, 1, replay), "old-version", "older than version 2")
         assert gw.rel()["version"] == 2
+        tree = _tree(gw.release_dir)
+        refusals = _all_refused(gw)
+
+        def quiet(payload: bytes) -> None:
+            """Published on the release topic: ignored, counted as such, never refused."""
+            ignored = gw.rel()["ignored"]
+            publish(mosquitto.port, release.release_topic(PREFIX, GID), payload)
+            assert wait_until(lambda: gw.rel()["ignored"] > ignored, 20), gw.rel()
+            assert _all_refused(gw) == refusals, _metrics(gw)
+            assert gw.rel()["version"] == 2 and _tree(gw.release_dir) == tree
+
+        # Version 2 again, another copy with another config: `same-version`, no news.
+        quiet(signer.release(GID, 2, replay))
+        # The running release again (retained messages come at every reconnection).
+        quiet(signer.release(GID, 2, good))
+        # An empty retained message: the release withdrawn (docs/wire-format.md), nothing
+        # to take and nothing to refuse.
+        publish(mosquitto.port, release.release_topic(PREFIX, GID), b"")
+        quiet(signer.release(GID, 2, good))
+        assert gw.proc is not None and gw.proc.pid == case.pid and gw.proc.poll() is None
     finally:
         audit.stop()
     assert gw.terminate() == 0

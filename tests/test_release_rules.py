@@ -70,6 +70,12 @@ def test_arrivals() -> None:
     st = rules.ApplyState(phase="committed", version=7, sha256="a" * 64, newest=7)
     assert rules.arrival(st, 7, "a" * 64, "x") == "running"
     assert rules.arrival(st, 8, "b" * 64, "x") == "new"
+    # The newest version in another copy (another config, or current set back by hand):
+    # no news, never a refusal (sync/release.py's same-version); an older one is judged.
+    assert rules.arrival(st, 7, "e" * 64, "x") == "same_version"
+    back = rules.ApplyState(phase="committed", version=6, sha256="f" * 64, newest=7)
+    assert rules.arrival(back, 7, "a" * 64, "x") == "same_version"
+    assert rules.arrival(back, 5, "a" * 64, "x") == "new"  # refused as old-version by verify
     st2, _ = rules.fetched(st, 8, "b" * 64, "{}", "d1")
     assert rules.arrival(st2, 8, "b" * 64, "d2") == "in_progress"
     assert rules.arrival(st2, 9, "c" * 64, "d3") == "new"  # replaces it before the switch
