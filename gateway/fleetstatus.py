@@ -258,6 +258,9 @@ class StatusPublisher:
         self._wake = asyncio.Event()
         self._last_key: tuple[Any, ...] | None = None
         self._last_at = 0.0  # monotonic
+        # Set when the gateway stops to re-execute itself (a release's switch or rollback):
+        # the stop then says so in an online status, not "offline" (below, ``_stopped``).
+        self.restarting = False
 
     def sampled(self, stats: dict[str, Any]) -> None:
         """The gateway's backlog sample: fresh store figures, so look for a change."""
@@ -371,7 +374,21 @@ class StatusPublisher:
         log.debug("status %s: %s", reason, msg.verdict.headline)
 
     async def _stopped(self, client: aiomqtt.Client) -> None:
-        """A clean stop says so (then the DISCONNECT keeps the Will from being sent)."""
+        """A clean stop says so (then the DISCONNECT keeps the Will from being sent).
+
+        A stop to re-execute (``restarting``) publishes the status as it is instead, its
+        release part saying ``switched`` or ``rolling_back``: the new process says more
+        within seconds, and a rollout waiting on this gateway sees it applying, not gone
+        offline in its wave (which it must count as a failure). If the new process never
+        comes, the status stays that one, ageing (``pubcomp fleet status``'s last status);
+        systemd's ``Restart=always`` starts it again."""
+        if self.restarting:
+            try:
+                snap = await asyncio.wait_for(self.snapshot(self._stats), STOP_TIMEOUT_S)
+                await asyncio.wait_for(self._publish(client, snap, "changed"), STOP_TIMEOUT_S)
+                return
+            except Exception as exc:  # anything, while stopping: the offline message then
+                log.warning("status: the restarting status was not sent (%s)", exc)
         msg = offline_message(
             self.cfg.id,
             self.cfg.fleet,

@@ -213,6 +213,8 @@ class Gateway:
         """Stop cleanly, then replace this process by a new one (a release's switch or
         rollback: release_apply.py says why a re-exec)."""
         self.reexec = why
+        if self.status_link is not None:
+            self.status_link.restarting = True
         if self._stop is not None:
             self._stop.set()
 

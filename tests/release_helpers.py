@@ -64,9 +64,24 @@ class Signer:
 class ReleaseGateway(GatewayProc):
     """A gateway run with ``--release-dir``, and the fleet-file text of its releases."""
 
-    def __init__(self, tmp: Path, cloud_port: int, signer: Signer, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        cloud_port: int,
+        signer: Signer | None = None,
+        *,
+        root_pub: Path | None = None,
+        fleet_name: str = "e2e",
+        **kwargs: Any,
+    ) -> None:
+        """``root_pub``: the root key's file when no ``Signer`` makes the keys (the
+        operator's ``pubcomp fleet keys init`` does, in the rollout tests)."""
         self.release_dir = tmp / "state" / "release"
         self.signer = signer
+        pub = root_pub or (signer.root_pub if signer is not None else None)
+        assert pub is not None, "a Signer or a root_pub"
+        self.root_pub: Path = pub
+        self.fleet_name = fleet_name
         self.trial_s = kwargs.pop("trial_s", 8.0)
         super().__init__(tmp, cloud_port, **kwargs)
 
@@ -86,7 +101,7 @@ class ReleaseGateway(GatewayProc):
             "ingress": {"host": "127.0.0.1", "port": self.ingress_port},
             "health": {"port": self.health_port},
             "status": {"min_interval_s": 1},
-            "release": {"root_key": str(self.signer.root_pub), "trial_s": self.trial_s},
+            "release": {"root_key": str(self.root_pub), "trial_s": self.trial_s},
             "gpio": "simulated",
             "sensors": self.sensors if sensors is None else sensors,
             "nodes": [
@@ -106,7 +121,7 @@ class ReleaseGateway(GatewayProc):
     def fleet_text(self, **kwargs: Any) -> str:
         if not hasattr(self, "_hashes"):
             self._hashes = {}
-        doc = {"fleet": "e2e", "gateways": {self.gid: self.section(**kwargs)}}
+        doc = {"fleet": self.fleet_name, "gateways": {self.gid: self.section(**kwargs)}}
         return yaml.safe_dump(doc, sort_keys=False)
 
     def start(self, env: dict[str, str] | None = None, wait: bool = True) -> ReleaseGateway:
@@ -188,24 +203,36 @@ class Audit:
 
     def _add(self, payload: bytes) -> None:
         try:
-            readings = json.loads(payload)["readings"]
+            msg = json.loads(payload)
+            readings, gw = msg["readings"], msg["gateway"]
         except (ValueError, KeyError):
             return
         with self._lock:
-            self._got += [r for r in readings if r["sensor"] == "$release"]
+            self._got += [r | {"gateway": gw} for r in readings if r["sensor"] == "$release"]
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self, gateway: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
-            return list(self._got)
+            return [r for r in self._got if gateway is None or r["gateway"] == gateway]
 
-    def events(self) -> list[tuple[str, int | None]]:
+    def events(self, gateway: str | None = None) -> list[tuple[str, int | None]]:
         """(event, version) of each distinct audit reading id, in arrival order."""
-        seen: dict[str, tuple[str, int | None]] = {}
-        for r in self.records():
+        seen: dict[tuple[str, str], tuple[str, int | None]] = {}
+        for r in self.records(gateway):
             flags = dict(f.split(":", 1) for f in r["flags"] if ":" in f)
             v = flags.get("version")
-            seen.setdefault(r["id"], (flags["event"], int(v) if v else None))
+            seen.setdefault((r["gateway"], r["id"]), (flags["event"], int(v) if v else None))
         return list(seen.values())
+
+    def versions(self, gateway: str, event: str) -> list[int | None]:
+        """The versions of ``gateway``'s ``event`` audit readings, in arrival order."""
+        return [v for e, v in self.events(gateway) if e == event]
+
+    def first_ts(self, gateway: str, event: str, version: int) -> str:
+        """When the gateway stamped its first such reading (ISO 8601, its clock)."""
+        for r in self.records(gateway):
+            if {f"event:{event}", f"version:{version}"} <= set(r["flags"]):
+                return str(r["ts"])
+        raise AssertionError(f"{gateway}: no {event} of {version}: {self.events(gateway)}")
 
     def flags_of(self, event: str) -> list[list[str]]:
         return [r["flags"] for r in self.records() if f"event:{event}" in r["flags"]]
