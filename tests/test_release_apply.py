@@ -129,3 +129,37 @@ def test_a_release_whose_uplink_broker_does_not_answer_is_rolled_back(
     assert wait_until(lambda: gw.status()["uplink"]["state"] == "connected", 20)
     audit.stop()
     assert gw.terminate() == 0
+
+
+def test_current_set_back_by_hand_while_stopped_runs_and_is_recorded(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """docs/operations.md, "By hand": the operator stops the gateway, names release 1 in
+    ``current`` and starts it. Release 1 runs, the state follows (``set_by_hand``, told
+    to the cloud once, said in the status), and the retained release 2, the newest
+    applied here, is not taken again (same-version: no news, not a refusal)."""
+    audit = Audit(mosquitto.port)
+    gw, signer = _gateway(tmp_path, mosquitto.port, trial_s=10.0)
+    gw.start()
+    try:
+        topic = release.release_topic(PREFIX, GID)
+        publish(mosquitto.port, topic, signer.release(GID, 1, gw.fleet_text()))
+        gw.wait_release(state="committed", version=1, timeout=60)
+        publish(mosquitto.port, topic, signer.release(GID, 2, gw.fleet_text(sensors=[SINE])))
+        gw.wait_release(state="committed", version=2, timeout=60)
+        assert gw.terminate() == 0
+        (gw.release_dir / "current.new").write_text("1\n")
+        (gw.release_dir / "current.new").rename(gw.release_dir / "current")
+        gw.start()
+        rel = gw.wait_release(state="committed", version=1, timeout=30)
+        assert "current was set to 1 by hand (the state said 2)" in rel["last_error"], rel
+        assert set(gw.status()["sensors"]) == {"counter"}  # release 1's
+        audit.wait(("set_by_hand", 1))
+        assert exactly_once(audit.events())[("set_by_hand", 1)] == 1
+        # The retained release 2 came at the connection: ignored, never refused or applied.
+        assert wait_until(lambda: gw.rel()["ignored"] >= 1, 20), gw.rel()
+        assert gw.rel()["refused"] == {} and gw.rel()["version"] == 1
+        assert (gw.release_dir / "current").read_text() == "1\n"
+    finally:
+        audit.stop()
+    assert gw.terminate() == 0
