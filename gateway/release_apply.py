@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import hashlib
 import logging
 import os
 import sys
@@ -367,7 +366,7 @@ class ReleaseApply:
             else:
                 return
         except ReleaseRefused as exc:
-            await self._refuse_unread(hashlib.sha256(payload).hexdigest(), exc)
+            await self._refuse_unread(release.sha256_hex(payload), exc)
             return
         if whole is not None:
             await self._release_bytes(whole)
@@ -378,7 +377,7 @@ class ReleaseApply:
         try:
             changed = self.trust.accept_keys(payload, datetime.now(UTC))
         except ReleaseRefused as exc:
-            digest = hashlib.sha256(payload).hexdigest()
+            digest = release.sha256_hex(payload)
             if digest not in self._refused_keys:
                 self._refused_keys.add(digest)
                 reason = exc.reason
@@ -399,7 +398,7 @@ class ReleaseApply:
 
     async def _release_bytes(self, payload: bytes, *, again: bool = False) -> None:
         self._last_release = payload
-        digest = hashlib.sha256(payload).hexdigest()
+        digest = release.sha256_hex(payload)
         try:
             unverified = release.read_release(payload)
             text = payload.decode("utf-8")

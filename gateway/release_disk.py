@@ -23,11 +23,11 @@ order relative to the store's commits; a start believes a staged release only if
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
+from pubcomp.sync.release import sha256_hex
 from pubcomp.sync.store import fsync_dir
 
 CONFIG = "fleet.yaml"
@@ -80,7 +80,7 @@ class ReleaseDir:
             data = self.config_path(version).read_bytes()
         except OSError:
             return False
-        return sha256 is None or hashlib.sha256(data).hexdigest() == sha256
+        return sha256 is None or sha256_hex(data) == sha256
 
     # ------------------------------------------------------------ writing
 
