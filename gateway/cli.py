@@ -116,6 +116,12 @@ def register(sub: Any) -> None:
         "--chunk", type=int, default=1024, help="bytes per chunk (default 1024; 64-16384)"
     )
     up.add_argument("--no-wait", action="store_true", help="offer to every node at once and exit")
+    up.add_argument(
+        "--no-revert",
+        action="store_true",
+        help="on a halt, leave the nodes already updated on the new version (default: each "
+        "gets the software it ran before, as a new version)",
+    )
     up.set_defaults(handler=_run_in("nodeupdate", "node_update"))
 
     st = sub.add_parser("status", help="the running gateway's state, as a table")

@@ -43,7 +43,9 @@ CHUNK_MAC_BYTES = 16
 DEFAULT_CHUNK = 1024
 MAX_FILES = 64  # firmware/lib/pubnode/update.py refuses more
 MAX_SET_BYTES = 4 * 1024 * 1024
-Format = Literal["mpy", "py", "image"]
+# "factory": no files, a version under which a node runs the factory set deploy.sh put in
+# /lib (firmware/lib/pubnode/update.py); how a halted rollout takes a node back to it.
+Format = Literal["mpy", "py", "image", "factory"]
 IMAGE_BLOCK = 4096  # an ESP32 partition's erase block: image chunks must divide it
 APP_IMAGE_MAGIC = 0xE9  # the first byte of an ESP32 app image (esptool's image format)
 _VALID_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
@@ -224,14 +226,17 @@ def _high_water(root: Path) -> int:
         return 0
 
 
-def save_set(root: Path, files: list[SetFile], label: str, fmt: Format) -> SoftwareSet:
-    """The newest set if it holds exactly these files, else a new one (version + 1).
+def save_set(
+    root: Path, files: list[SetFile], label: str, fmt: Format, *, new: bool = False
+) -> SoftwareSet:
+    """The newest set if it holds exactly these files, else a new one (version + 1);
+    ``new``: a new one in any case (a revert: a node takes only a number it never had).
 
     Written under a temporary name, fsynced, then renamed: a set directory that
     exists is whole. Versions are never given twice, even after sets are deleted."""
     _check_files(files)
     versions = set_versions(root)
-    if versions:
+    if versions and not new:
         newest = load_set(root, versions[-1])
         if newest.format == fmt and newest.entries() == [
             [f.path, len(f.data), f.sha] for f in files
@@ -242,6 +247,7 @@ def save_set(root: Path, files: list[SetFile], label: str, fmt: Format) -> Softw
     sets.mkdir(parents=True, exist_ok=True)
     tmp = sets / f".{version}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     for f in files:
         target = tmp / "files" / f.path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -292,8 +298,8 @@ def manifest(node: str, s: SoftwareSet, chunk: int) -> bytes:
         "chunk": chunk,
         "files": s.entries(),
     }
-    if s.format == "image":
-        body["kind"] = "image"
+    if s.format in ("image", "factory"):
+        body["kind"] = s.format
     return json.dumps(body, separators=(",", ":")).encode()
 
 

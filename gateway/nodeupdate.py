@@ -10,6 +10,18 @@ this module watches. Per node the outcome is one of ``OUTCOMES``; a wave whose
 failures exceed ``max_failures`` halts the rollout, and the nodes after it are
 not offered anything.
 
+A halt reverts, automatically (issue 28: the rule of ``pubcomp fleet rollout``),
+the nodes the rollout updated: each node's version before its wave (what its
+status said as the wave began) comes back as a NEW set, one version above any
+this gateway made, carrying the files of the set that version was. A node never
+takes a version at or below the one it runs, nor one it rolled back
+(firmware/lib/pubnode/update.py), so the old number itself could not come back;
+a new number with the old files is taken like any update, and tried, committed or
+rolled back the same way. A node that ran its factory set (version 0: the files
+deploy.sh put in /lib, which the gateway never had) gets a set of kind
+"factory": no files, a new number, and the node runs /lib under it. The revert
+is watched to the end like a wave; ``revert=False`` (``--no-revert``) only halts.
+
 ``update_nodes`` is the function a rollout calls; ``node_update`` is the command.
 An offline node keeps its offer: it takes it when it comes back.
 """
@@ -25,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pubcomp.sync.exitcodes import EXIT_REVERT_FAILED, EXIT_ROLLOUT_HALTED
+
 from .config import Fleet, GatewayConfig
 from .errors import ConfigError
 from .nodesets import (
@@ -39,6 +53,7 @@ from .nodesets import (
     save_set,
     set_versions,
     state_dir,
+    withdraw,
     write_offer,
 )
 
@@ -50,8 +65,14 @@ OUTCOMES = {
     "timed_out": "connected, but not done in time (failed)",
     "offline": "not connected during its wave: the offer waits for it",
     "not_offered": "after a halted wave: offered nothing",
+    "reverted": "after a halt: runs the software it ran before again (under a new version)",
+    "revert_failed": "after a halt: could not be taken back to the software it ran before",
 }
 FAILED = ("rolled_back", "refused", "failed", "timed_out")
+# After a halt: these may run the version that failed (or take it later), so they get
+# the revert; the others run the version they ran before (they refused it, gave it up
+# or rolled it back), and only lose the offer.
+REVERT = ("done", "timed_out", "offline")
 
 Status = Callable[[], dict[str, Any]]
 Progress = Callable[[str], None]
@@ -63,6 +84,7 @@ class NodeResult:
     outcome: str
     running: int | None = None  # the version it said it runs
     detail: str = ""
+    update: str | None = None  # after a revert: the update's outcome it reverted
 
 
 @dataclass
@@ -71,10 +93,16 @@ class Rollout:
     label: str
     results: dict[str, NodeResult] = field(default_factory=dict)
     halted: str | None = None  # why the rollout stopped before its last wave
+    reverts: dict[int, int] = field(default_factory=dict)  # revert set -> version it brings back
+    reverting: bool = False  # a halt was followed by a revert
 
     @property
     def failed(self) -> list[str]:
         return [n for n, r in self.results.items() if r.outcome in FAILED]
+
+    @property
+    def revert_failed(self) -> list[str]:
+        return [n for n, r in self.results.items() if r.outcome == "revert_failed"]
 
     @property
     def ok(self) -> bool:
@@ -123,7 +151,7 @@ def outcome(sw: dict[str, Any] | None, version: int, kind: str = "files") -> tup
         return None, "trying it"
     if sw.get("offer") == version and sw.get("total"):
         return None, f"fetching: {sw.get('served', 0):,} of {sw['total']:,} bytes"
-    return None, f"runs {sw.get('version')}, {sw.get('state')}"
+    return None, f"runs {'image ' if kind == 'image' else ''}{sw.get(runs)}, {sw.get('state')}"
 
 
 def prepare_set(
@@ -154,12 +182,14 @@ def update_nodes(
     progress: Progress | None = None,
     poll_s: float = 1.0,
     wait: bool = True,
+    revert: bool = True,
 ) -> Rollout:
     """Offer ``software`` to ``nodes`` wave by wave; the outcome per node.
 
     ``status()`` is the running gateway's status (``/status.json``). With ``wait``
     false the offers are all written at once and every node is left "offline"
-    in the result (no one has answered yet)."""
+    in the result (no one has answered yet). With ``revert`` a halt takes the nodes
+    already offered back to what they ran before (``_revert``)."""
     known = {n.id for n in cfg.nodes}
     unknown = [n for n in nodes if n not in known]
     if unknown:
@@ -169,19 +199,22 @@ def update_nodes(
     say = progress or (lambda _: None)
     result = Rollout(software.version, software.label)
     sizes = waves or [len(nodes)]
+    runs = "image" if software.format == "image" else "version"
+    before: dict[str, int | None] = {}  # what each node ran as its wave began
     at = 0
     for w, size in enumerate(sizes, 1):
         wave = nodes[at : at + size]
         at += size
+        if wait:
+            before.update(_running(wave, runs, status))
         for n in wave:
             write_offer(root, n, make_offer(keys[n], n, software, chunk))
         say(f"wave {w}/{len(sizes)}: version {software.version} offered to {', '.join(wave)}")
         if not wait:
             result.results.update({n: NodeResult(n, "offline", None, "offered") for n in wave})
             continue
-        result.results.update(
-            _watch(wave, software.version, software.format, timeout_s, status, say, poll_s)
-        )
+        want = {n: software.version for n in wave}
+        result.results.update(_watch(want, software.format, timeout_s, status, say, poll_s))
         failed = [n for n in wave if result.results[n].outcome in FAILED]
         if len(failed) > max_failures:
             result.halted = (
@@ -191,20 +224,147 @@ def update_nodes(
             for n in nodes[at:]:
                 result.results[n] = NodeResult(n, "not_offered", None, "the rollout halted")
             say(f"halted: {result.halted}")
+            if revert:
+                _revert(root, keys, nodes[:at], before, software, result, chunk, timeout_s,
+                        status, say, poll_s)  # fmt: skip
             break
     return result
 
 
+def _running(wave: list[str], runs: str, status: Status) -> dict[str, int | None]:
+    """The version each node of ``wave`` says it runs (None: no word from it)."""
+    try:
+        snap = status()
+    except (OSError, ValueError):
+        snap = {}
+    out: dict[str, int | None] = {}
+    for n in wave:
+        sw = ((snap.get("nodes") or {}).get(n) or {}).get("software") or {}
+        v = sw.get(runs)
+        out[n] = v if isinstance(v, int) and not isinstance(v, bool) else None
+    return out
+
+
+@dataclass
+class RevertPlan:
+    groups: dict[int, list[str]]  # the version they ran before -> nodes to take back to it
+    cannot: dict[str, str]  # node -> why it cannot be taken back
+    keep: list[str]  # nodes that run what they ran before (refused, gave up, rolled back)
+
+
+def plan_revert(
+    outcomes: dict[str, str],
+    before: dict[str, int | None],
+    held: list[int],
+    software: SoftwareSet,
+) -> RevertPlan:
+    """Who is taken back to what after a halt: ``outcomes`` of the nodes offered
+    ``software``, the version each ran as its wave began, the sets this gateway holds."""
+    image = software.format == "image"
+    what = "image" if image else "version"
+    plan = RevertPlan({}, {}, [])
+    for n, got in outcomes.items():
+        if got not in REVERT:
+            plan.keep.append(n)
+            continue
+        prev = before.get(n)
+        if prev is None:
+            why = f"what it ran before {what} {software.version} is not known (no word from it)"
+        elif prev == 0 and image:
+            why = "it ran the image flashed by cable (image 0), which this gateway does not hold"
+        elif prev and prev not in held:
+            why = f"it ran {what} {prev}, and this gateway holds no set {prev} (deleted?)"
+        else:
+            plan.groups.setdefault(prev, []).append(n)
+            continue
+        plan.cannot[n] = why
+    return plan
+
+
+def _revert(
+    root: Path,
+    keys: dict[str, bytes],
+    offered: list[str],
+    before: dict[str, int | None],
+    software: SoftwareSet,
+    result: Rollout,
+    chunk: int,
+    timeout_s: float,
+    status: Status,
+    say: Progress,
+    poll_s: float,
+) -> None:
+    """After a halt: each node offered ``software`` that may run it (or take it later) is
+    offered what it ran before as a new set; the others lose their offer."""
+    result.reverting = True
+    what = "image" if software.format == "image" else "version"
+    outcomes = {n: result.results[n].outcome for n in offered}
+    plan = plan_revert(outcomes, before, set_versions(root), software)
+    for n in plan.keep:
+        withdraw(root, n)  # it runs what it ran before: only the failed offer goes
+    for n, why in plan.cannot.items():
+        _not_reverted(root, result, n, why, say)
+    targets: dict[str, int] = {}  # node -> the revert set it is offered
+    for prev, group in sorted(plan.groups.items()):
+        try:
+            if prev == 0:  # its factory set, in its /lib: the node has the files
+                label = f"revert of {software.version}: the factory set"
+                rev = save_set(root, [], label, "factory", new=True)
+            else:
+                old = load_set(root, prev)
+                label = f"revert of {software.version}: the files of set {prev} ({old.label})"
+                rev = save_set(root, list(old.files), label, old.format, new=True)
+        except UpdateError as exc:
+            for n in group:
+                _not_reverted(root, result, n, f"set {prev}: {exc}", say)
+            continue
+        result.reverts[rev.version] = prev
+        for n in group:
+            write_offer(root, n, make_offer(keys[n], n, rev, chunk))
+            targets[n] = rev.version
+        say(f"revert: {what} {rev.version} ({_files_of(what, prev)}) offered to {', '.join(group)}")
+    if not targets:
+        return
+    got = _watch(targets, software.format, timeout_s, status, say, poll_s, tag="revert: ")
+    for n, r in got.items():
+        rev_v = targets[n]
+        prev = result.reverts[rev_v]
+        was = result.results[n].outcome
+        if r.outcome == "done":
+            out, detail = "reverted", f"runs {what} {rev_v}: {_files_of(what, prev)} again"
+        elif r.outcome == "offline":
+            out = "offline"
+            detail = f"not connected while the revert ran: {what} {rev_v} waits for it"
+        else:
+            out, detail = "revert_failed", f"{what} {rev_v} (the revert) {r.outcome}: {r.detail}"
+        result.results[n] = NodeResult(n, out, r.running, detail, was)
+
+
+def _files_of(what: str, prev: int) -> str:
+    return "the factory set" if prev == 0 else f"the files of {what} {prev}"
+
+
+def _not_reverted(root: Path, result: Rollout, n: str, why: str, say: Progress) -> None:
+    withdraw(root, n)  # whatever it runs, it must not take the failed version later
+    r = result.results[n]
+    if r.outcome == "offline":
+        r.detail = f"the rollout halted: its offer withdrawn ({why})"
+        return
+    result.results[n] = NodeResult(n, "revert_failed", r.running, why, r.outcome)
+    say(f"revert: {n}: not reverted: {why}")
+
+
 def _watch(
-    wave: list[str],
-    version: int,
+    want: dict[str, int],
     fmt: str,
     timeout_s: float,
     status: Status,
     say: Progress,
     poll_s: float,
+    tag: str = "",
 ) -> dict[str, NodeResult]:
-    """Poll the gateway's status until each node of the wave is done or failed, or time is up."""
+    """Poll the gateway's status until each node is done or failed with the version
+    ``want`` gives it, or time is up."""
     kind = "image" if fmt == "image" else "files"
     runs = "image" if kind == "image" else "version"
     deadline = time.monotonic() + timeout_s
@@ -218,7 +378,7 @@ def _watch(
         except (OSError, ValueError) as exc:
             say(f"gateway status: {exc} (trying again)")
             snap = {}
-        for n in wave:
+        for n, version in want.items():
             if n in out:
                 continue
             ns = (snap.get("nodes") or {}).get(n) or {}
@@ -228,14 +388,14 @@ def _watch(
             got, detail = outcome(sw, version, kind)
             if got is not None:
                 out[n] = NodeResult(n, got, (sw or {}).get(runs), detail)
-                say(f"{n}: {got}: {detail}")
+                say(f"{tag}{n}: {got}: {detail}")
             elif said.get(n) != detail and n in seen_connected:
                 said[n] = detail
-                say(f"{n}: {detail}")
-        if len(out) == len(wave) or time.monotonic() >= deadline:
+                say(f"{tag}{n}: {detail}")
+        if len(out) == len(want) or time.monotonic() >= deadline:
             break
         time.sleep(poll_s)
-    for n in wave:
+    for n, version in want.items():
         if n not in out:
             sw = ((snap.get("nodes") or {}).get(n) or {}).get("software") or {}
             if n in seen_connected:
@@ -303,6 +463,7 @@ def node_update(args: argparse.Namespace) -> int:
             status=status,
             progress=print,
             wait=not args.no_wait,
+            revert=not args.no_revert,
         )
     except UpdateError as exc:
         print(f"pubcomp node update: {exc}", file=sys.stderr)
@@ -314,6 +475,16 @@ def node_update(args: argparse.Namespace) -> int:
     print(table(rollout))
     if rollout.halted:
         print(f"halted: {rollout.halted}")
+    if rollout.reverting:
+        back = [n for n, r in rollout.results.items() if r.outcome == "reverted"]
+        if rollout.reverts or rollout.revert_failed:
+            line = f"reverted: {len(back)} node(s) run what they ran before"
+            if rollout.revert_failed:
+                line += f"; revert_failed: {', '.join(rollout.revert_failed)}"
+            print(line)
+        else:
+            print(f"nothing to revert: no node runs version {rollout.version}")
+        return EXIT_REVERT_FAILED if rollout.revert_failed else EXIT_ROLLOUT_HALTED
     if rollout.failed:
         return EXIT_FAILED
     return 0 if rollout.ok else EXIT_OFFLINE

@@ -15,8 +15,11 @@ gateway's code in the fleet is the code its own ``pubcomp status`` gives:
   wait on its disk;
 - 5 ``EXIT_CLOCK`` (fleet only): a gateway's clock is not synchronised;
 - 6 ``EXIT_DISK`` (fleet only): a gateway's store is near its quota, or its disk full;
-- 7 ``EXIT_ROLLOUT_HALTED`` (``pubcomp fleet rollout``): a wave's gate failed; the
-  rollout stopped and reverted the gateways it had updated.
+- 7 ``EXIT_ROLLOUT_HALTED`` (``pubcomp fleet rollout``, ``pubcomp node update``): a
+  wave's gate failed; the rollout stopped and reverted the gateways (nodes) it had
+  updated;
+- 8 ``EXIT_REVERT_FAILED`` (``pubcomp node update``): the rollout halted, and at least
+  one node it had updated could not be taken back: it may run the version that failed.
 
 3 has two names because it says two things: "not running" is what the gateway's
 own machine can know, "offline" what the cloud can (a gateway whose network is cut
@@ -41,7 +44,8 @@ EXIT_OFFLINE = 3  # fleet: a gateway is offline (its Will, a clean stop) or sile
 EXIT_NOT_DELIVERING = 4  # the uplink is down or stalled: readings wait on the gateway's disk
 EXIT_CLOCK = 5  # fleet: a gateway's clock is not synchronised: its readings are flagged
 EXIT_DISK = 6  # fleet: a gateway's store is near its quota, or its disk nearly full
-EXIT_ROLLOUT_HALTED = 7  # fleet rollout: a gate failed; halted and reverted
+EXIT_ROLLOUT_HALTED = 7  # fleet rollout, node update: a gate failed; halted and reverted
+EXIT_REVERT_FAILED = 8  # node update: halted, and a node's revert failed (or was impossible)
 # pubcomp gateway run: EX_TEMPFAIL (sysexits.h): the store's card refuses writes;
 # trying again later may work (systemd starts it again: each start probes the card).
 EXIT_STORE_UNWRITABLE = 75

@@ -37,6 +37,7 @@ from pubcomp.gateway.nodesets import (
     write_key,
     write_offer,
 )
+from pubcomp.sync.exitcodes import EXIT_ROLLOUT_HALTED
 from tests.hostile_helpers import Siege, connect_packet, raw_socket, read_connack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -215,7 +216,8 @@ def test_a_set_that_cannot_deliver_is_rolled_back_by_boot(site_factory: Any) -> 
     )
     done = site.update("--node", "node-x", "--files", str(broken), "--format", "py",
                        "--timeout", "60")  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == EXIT_ROLLOUT_HALTED, done.stdout + done.stderr  # halted
+    assert "nothing to revert: no node runs version 1" in done.stdout, done.stdout
     assert re.search(r"^node-x\s+rolled_back\s+0\s+version 1 did not commit", done.stdout, re.M), (
         done.stdout
     )
@@ -490,7 +492,7 @@ def test_an_esp32_takes_a_whole_image_and_one_that_cannot_deliver_is_rolled_back
                 cli.kill()
     finally:
         link.close()
-    assert cli.returncode == 1, out2
+    assert cli.returncode == EXIT_ROLLOUT_HALTED, out2  # halted; nothing to revert
     assert re.search(r"^node-e\s+rolled_back\s+1\s+image 2 did not commit", out2, re.M), out2
     log = esp.output()
     assert "update: image 2 delivered no reading in 4 s" in log, log[-3000:]

@@ -26,7 +26,7 @@ from pubcomp.gateway.nodesets import (
     save_set,
     update_key,
 )
-from pubcomp.gateway.nodeupdate import outcome, parse_waves
+from pubcomp.gateway.nodeupdate import outcome, parse_waves, plan_revert
 
 ROOT = Path(__file__).resolve().parent.parent
 WASM = ROOT / "tests" / "firmware"
@@ -39,6 +39,7 @@ CHECKS = [
     "file_sha_mismatch",
     "withdrawn_and_replaced",
     "pointer_switch",
+    "factory_set",
 ]
 NODE, PASSWORD = "node-a", "correct-horse-battery-staple-0123"
 CHUNK = 256
@@ -71,6 +72,19 @@ def _vector(key: bytes, node: str, s: SoftwareSet, chunk: int, **tamper: Any) ->
     return {"manifest": manifest_message(parsed), "chunks": chunks}
 
 
+def _factory_with_files(key: bytes, s: SoftwareSet) -> bytes:
+    """A signed manifest of kind factory that lists files: the node refuses it."""
+    m = json.loads(make_offer(key, NODE, s, CHUNK)["manifest"])
+    m["kind"] = "factory"
+    body = json.dumps(m, separators=(",", ":")).encode()
+    return (
+        b"M "
+        + hmac.new(key, b"pubcomp manifest v1\x00" + body, hashlib.sha256).hexdigest().encode()
+        + b"\n"
+        + body
+    )
+
+
 def write_vectors(path: Path) -> None:
     key = update_key(PASSWORD, NODE)
     v1 = SoftwareSet(1, "test v1", "mpy", tuple(_files(b"one", 700)))
@@ -95,6 +109,8 @@ def write_vectors(path: Path) -> None:
         "NOT_JSON": b"M " + b"0" * 64 + b"\n{not json",
         "ESCAPING": _vector(key, NODE, escaping, CHUNK)["manifest"],
         "SHA_BAD": _vector(key, NODE, v1, CHUNK, sha_of=1),
+        "FACTORY": _vector(key, NODE, SoftwareSet(7, "factory", "factory", ()), CHUNK),
+        "FACTORY_WITH_FILES": _factory_with_files(key, v1),
         "RAM_SIZES": RAM_SIZES,
         "RAM": ram,
     }
@@ -181,3 +197,53 @@ def test_waves_and_outcomes() -> None:
     assert outcome({**base, "last": [3, "refused", "why"]}, 3) == ("refused", "why")
     assert outcome({**base, "last": [2, "refused", "older"]}, 3)[0] is None  # another offer
     assert outcome({**base, "image": 3, "image_bad": 0}, 3, "image")[0] == "done"
+    # While under way, it says what runs: the version, or for an image the image.
+    assert outcome(base, 3) == (None, "fetching: 0 of 10 bytes")
+    assert outcome({**base, "offer": None}, 3) == (None, "runs 0, running")
+    assert outcome({**base, "offer": None, "image": 1}, 3, "image") == (
+        None,
+        "runs image 1, running",
+    )
+
+
+def test_a_halt_reverts_who_may_run_the_failed_version_to_what_it_ran() -> None:
+    s = SoftwareSet(5, "new", "py", ())
+    outcomes = {
+        "done-1": "done",  # runs 5: back to 2
+        "done-0": "done",  # ran its factory set: back to it (kind factory)
+        "slow": "timed_out",  # may be on trial with 5: back to 2
+        "away": "offline",  # may take 5 when it returns: the revert waits for it instead
+        "rb": "rolled_back",  # runs 2 again by itself: its offer only goes
+        "no": "refused",
+        "gone": "done",  # ran 3, whose set was deleted from the gateway
+        "mute": "done",  # said nothing before its wave
+    }
+    before = {"done-1": 2, "done-0": 0, "slow": 2, "away": 2, "rb": 2, "no": 2, "gone": 3}
+    plan = plan_revert(outcomes, before, [1, 2, 4, 5], s)
+    assert plan.groups == {2: ["done-1", "slow", "away"], 0: ["done-0"]}
+    assert plan.keep == ["rb", "no"]
+    assert plan.cannot == {
+        "gone": "it ran version 3, and this gateway holds no set 3 (deleted?)",
+        "mute": "what it ran before version 5 is not known (no word from it)",
+    }
+    image = plan_revert({"e": "done"}, {"e": 0}, [], SoftwareSet(5, "fw", "image", ()))
+    assert image.cannot == {"e": "it ran the image flashed by cable (image 0), which this "
+                                 "gateway does not hold"}  # fmt: skip
+
+
+def test_a_revert_set_is_new_and_a_factory_set_holds_no_files(tmp_path: Path) -> None:
+    root = tmp_path / "node-updates"
+    s1 = save_set(root, _files(b"one", 100), "a", "py")
+    s2 = save_set(root, _files(b"two", 100), "b", "py")
+    # The files of set 1 again as a revert: a new version (a node takes no number it
+    # ran or rolled back), even where the newest set holds the same files.
+    back = save_set(root, list(s1.files), "revert", "py", new=True)
+    assert back.version == 3 and back.entries() == s1.entries() and s2.version == 2
+    assert save_set(root, list(s1.files), "same files", "py").version == 3
+    assert save_set(root, list(s1.files), "revert again", "py", new=True).version == 4
+    factory = save_set(root, [], "factory", "factory", new=True)
+    assert (factory.version, factory.files) == (5, ()) and load_set(root, 5) == factory
+    offer = parse_offer(
+        json.dumps(make_offer(update_key(PASSWORD, NODE), NODE, factory)).encode(), NODE
+    )
+    assert json.loads(offer.manifest)["kind"] == "factory" and offer.sizes == []

@@ -253,6 +253,42 @@ def check_pointer_switch():
     print("PASS pointer_switch")
 
 
+def check_factory_set():
+    # A revert to the factory set (a halted rollout, gateway/nodeupdate.py): a signed
+    # manifest of kind "factory" with no files, under a new version. Nothing to fetch:
+    # it is ready at once, and its set is an empty directory first on sys.path, so each
+    # import falls through to /lib, the set deploy.sh put there.
+    fresh("t9")
+    path0 = list(sys.path)
+    u = U.Updater(V.NODE, V.KEY, 2, 0)
+    u.take(V.FACTORY_WITH_FILES)
+    assert u.state == U.IDLE and u.refused == {"bad_manifest": 1}, u.refused
+    assert "a factory offer lists no files" in u.last[2], u.last
+    u.take(V.FACTORY["manifest"])
+    assert u.state == U.READY and u.version == 7, (u.state, u.refused, u.last)
+    assert u.request() is None  # no chunk to ask for
+    # A reboot before apply(): the manifest is verified again, and it is ready again.
+    u = U.Updater(V.NODE, V.KEY, 2, 0)
+    assert u.state == U.READY and u.version == 7, (u.state, u.refused)
+    staged = []
+    assert u.apply(staged.append) == 7 and staged == [7]
+    assert os.listdir("sets/7") == [] and "upd" not in os.listdir()
+    pubboot.stage(7)
+    assert pubboot.select() == 7 and pubboot.trial and sys.path[0] == "sets/7"
+    sys.modules.pop("pubnode.config", None)
+    from pubnode import config
+
+    assert config.__file__.startswith("/lib/pubnode/"), config.__file__
+    pubboot.commit()
+    assert pubboot.select() == 7 and not pubboot.trial
+    # Once it runs, the same offer is not newer: refused like any replay.
+    u = U.Updater(V.NODE, V.KEY, 7, 0)
+    u.take(V.FACTORY["manifest"])
+    assert u.state == U.IDLE and u.refused == {"not_newer": 1}, u.refused
+    sys.path[:] = path0
+    print("PASS factory_set")
+
+
 def check_ram_per_chunk():
     # Every byte allocated while one chunk message is read (as umqtt does: one bytes
     # object of the whole message), checked and written, with the collector off: an
@@ -285,6 +321,7 @@ check_bad_chunks()
 check_file_sha_mismatch()
 check_withdrawn_and_replaced()
 check_pointer_switch()
+check_factory_set()
 check_ram_per_chunk()
 # --- next run ---
 # What the updater keeps while it fetches (the manifest parsed, the MAC pads): measured

@@ -18,6 +18,12 @@
 # upd/<version> to sets/<version> (beside the running set) and points
 # sets/pending at it (pubboot.py); the next boot tries it once.
 #
+# An offer of kind "factory" lists no files: it is the factory set (what deploy.sh
+# put in /lib) under a new version, which is how a halted rollout takes a node back
+# to it (the gateway never had those files, and a node takes no version it ran or
+# rolled back). apply() makes sets/<version> an empty directory: first on sys.path,
+# it leaves every import to /lib; trial, commit and roll-back are a set's.
+#
 # An offer of kind "image" is one whole MicroPython image for an ESP32: its
 # chunks go to the next OTA partition (image.py) instead of files, its progress
 # to upd/image.pos (after each chunk: the bytes below it were written whole);
@@ -128,13 +134,16 @@ def parse_manifest(body):
         return "the manifest is not an object"
     node, version, chunk, files = m.get("node"), m.get("version"), m.get("chunk"), m.get("files")
     kind = m.get("kind", "files")
-    if kind not in ("files", "image"):
-        return "the manifest's kind %r is not files or image" % (kind,)
+    if kind not in ("files", "image", "factory"):
+        return "the manifest's kind %r is not files, image or factory" % (kind,)
     if not isinstance(node, str) or not isinstance(version, int) or version < 1:
         return "the manifest has no node or version"
     if not isinstance(chunk, int) or not 64 <= chunk <= MAX_CHUNK:
         return "the manifest's chunk size is not 64..%d" % MAX_CHUNK
-    if not isinstance(files, list) or not 0 < len(files) <= MAX_FILES:
+    if kind == "factory":
+        if files != []:
+            return "a factory offer lists no files"
+    elif not isinstance(files, list) or not 0 < len(files) <= MAX_FILES:
         return "the manifest lists no files, or more than %d" % MAX_FILES
     out = []
     for f in files:
@@ -501,6 +510,8 @@ class Updater:
         if _exists(src):
             rm_tree(dst)  # a partial copy from an earlier try
             os.rename(src, dst)
+        elif not self.files and not _exists(dst):
+            os.mkdir(dst)  # the factory set: nothing of its own, /lib behind it
         stage(v)
         rm_tree(self.root)
         self._clear()
