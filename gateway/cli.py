@@ -25,6 +25,12 @@ def register(sub: Any) -> None:
     gsub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
     run = gsub.add_parser("run", help="run the gateway (the systemd service's command)")
     _fleet_args(run)
+    run.add_argument(
+        "--release-dir",
+        metavar="DIR",
+        help="take signed releases and keep them here; run the one committed "
+        "(--config runs until a first release is applied)",
+    )
     run.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     run.set_defaults(handler=_run("gateway_run"))
 

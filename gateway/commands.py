@@ -93,6 +93,8 @@ def gateway_run(args: argparse.Namespace) -> int:
     if cfg is None:
         return 1
     from ..sync.store import StoreUnwritable
+    from .clock import ClockWatch, kernel_check
+    from .release_apply import prepare
     from .service import run
     from .status import fetch
 
@@ -111,7 +113,17 @@ def gateway_run(args: argparse.Namespace) -> int:
         )
         return 1
     try:
-        return run(cfg)
+        # Which configuration runs: the release committed, one in trial, or --config
+        # (release_apply.py); the store opens here.
+        boot = prepare(
+            args.config, args.gateway, args.release_dir, clock=ClockWatch(kernel_check())
+        )
+        cfg = boot.cfg
+        return run(cfg, boot)
+    except ConfigError as exc:
+        for p in exc.problems:
+            print(p, file=sys.stderr)
+        return 1
     except StoreUnwritable as exc:
         # systemd starts it again (Restart=always): each start is a probe of the card.
         print(

@@ -212,6 +212,27 @@ class StatusSection(_Model):
         return self
 
 
+class ReleaseSection(_Model):
+    """Signed configuration releases (gateway/release_apply.py, docs/operations.md).
+
+    Where releases are kept is ``pubcomp gateway run --release-dir``, not a key here: the
+    gateway must know it before it reads any fleet file. The trial's gates are the new
+    release's own: a release says how it is to be judged.
+    """
+
+    # The fleet's root Ed25519 public key (sync/release.py): it signs the release keys.
+    # Missing: every release is refused (said in the status).
+    root_key: str = "/etc/pubcomp/release-root.pub"
+    # How long a new release has to pass its health gates (silence counts as failure).
+    trial_s: Annotated[float, Field(ge=1, le=3600)] = 120.0
+    # The share of sensors (of those that read before the switch) that must read in trial.
+    trial_sensors_share: Annotated[float, Field(ge=0, le=1)] = 1.0
+    # The share of nodes connected before the switch that must connect again in trial.
+    trial_nodes_share: Annotated[float, Field(ge=0, le=1)] = 1.0
+    # Starts of the gateway in trial (a crash, a power cut) before it rolls back anyway.
+    trial_starts: Annotated[int, Field(ge=1, le=10)] = 3
+
+
 GpioName = Literal["auto", "rpigpio", "gpiozero", "simulated"]
 
 
@@ -247,6 +268,7 @@ class GatewayConfig(_Model):
     ingress: IngressSection = IngressSection()
     health: HealthSection = HealthSection()
     status: StatusSection = StatusSection()
+    release: ReleaseSection = ReleaseSection()
     gpio: GpioName = "auto"
     sensors: list[SensorConfig] = []
     nodes: list[NodeConfig] = []
@@ -258,7 +280,7 @@ class GatewayConfig(_Model):
         return self.status.topic or f"{self.uplink.topic_prefix}/{self.id}/status"
 
 
-SECTIONS = ("uplink", "store", "ingress", "health", "status", "gpio")
+SECTIONS = ("uplink", "store", "ingress", "health", "status", "release", "gpio")
 TOP_KEYS = ("fleet", "defaults", "gateways")
 GATEWAY_KEYS = (*SECTIONS, "sensors", "nodes")
 
@@ -297,11 +319,14 @@ def _positions(node: yaml.Node, path: tuple[Any, ...], out: Pos) -> None:
             _positions(item, (*path, i), out)
 
 
-def load_yaml(path: Path) -> tuple[Any, Pos]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+def load_yaml(path: Path, text: str | None = None) -> tuple[Any, Pos]:
+    """The document and its key paths' lines; ``text``: the file's text, already read
+    (a release's configuration, named by where it will be kept)."""
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -327,6 +352,7 @@ class _Resolver:
     pos: Pos
     errs: list[str]
     shown: Any  # effective path -> the path as written in the file
+    secrets_dir: Path  # what !secret paths are relative to
 
     def __call__(self, value: Any, path: tuple[Any, ...] = ()) -> Any:
         if isinstance(value, dict):
@@ -334,7 +360,7 @@ class _Resolver:
         if isinstance(value, list):
             return [self(v, (*path, i)) for i, v in enumerate(value)]
         if isinstance(value, _SecretRef):
-            secret = (self.file.parent / value.path).resolve()
+            secret = (self.secrets_dir / value.path).resolve()
             try:
                 return secret.read_text(encoding="utf-8").rstrip("\r\n")
             except OSError as exc:
@@ -424,11 +450,23 @@ def _strip_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 class Fleet:
-    """A parsed fleet file: ``gateway(id)`` gives one gateway's effective config."""
+    """A parsed fleet file: ``gateway(id)`` gives one gateway's effective config.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    ``text``: the file's text, already in hand (a release's configuration; ``path`` then
+    only names it in errors). ``secrets_dir``: what ``!secret`` paths are relative to
+    (default: the file's folder; a release's are the gateway's own configuration folder,
+    where its local secret files are)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        text: str | None = None,
+        secrets_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.path = Path(path)
-        data, self.pos = load_yaml(self.path)
+        self.secrets_dir = Path(secrets_dir) if secrets_dir is not None else self.path.parent
+        data, self.pos = load_yaml(self.path, text)
         errs: list[str] = []
 
         def where(p: tuple[Any, ...]) -> str:
@@ -487,7 +525,8 @@ class Fleet:
         raw_defaults = {k: v for k, v in self.defaults.items() if k in SECTIONS}
         merged = _merge(raw_defaults, own)
         merged = {"id": str(gid), "fleet": self.name, **merged}
-        merged = _Resolver(self.path, self.pos, errs, lambda p: self._shown(gid, p))(merged)
+        shown = lambda p: self._shown(gid, p)  # noqa: E731
+        merged = _Resolver(self.path, self.pos, errs, shown, self.secrets_dir)(merged)
         try:
             cfg = GatewayConfig.model_validate(merged)
         except ValidationError as exc:

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiomqtt
@@ -49,6 +49,7 @@ from pubcomp.sync.gatewaystatus import (
     OfflineStatus,
     OnlineReason,
     OnlineStatus,
+    ReleaseStatus,
     SensorStatus,
     StoreStatus,
     UplinkStatus,
@@ -82,6 +83,18 @@ def status_message(
     level, headline, code = verdict(snap)
     up, st, clk = snap["uplink"], snap["store"], snap["clock"]
     flash = snap.get("flash") or {}
+    rel = snap.get("release")
+    extra: dict[str, Any] = {}
+    if rel is not None:  # optional: set only by a gateway run with --release-dir
+        extra["release"] = ReleaseStatus(
+            version=rel["version"],
+            sha256=rel["sha256"],
+            state=rel["state"],
+            previous=rel["previous"],
+            bad=list(rel["bad"]),
+            last_error=rel["last_error"],
+            **({"candidate": rel["candidate"]} if rel.get("candidate") is not None else {}),
+        )
     return OnlineStatus(
         v=STATUS_V,
         gateway=snap["gateway"],
@@ -146,6 +159,7 @@ def status_message(
             )
             for nid, n in sorted(snap["nodes"].items())
         },
+        **extra,
     )
 
 
@@ -200,14 +214,36 @@ def change_key(snap: dict[str, Any]) -> tuple[Any, ...]:
             for sid, s in sorted(snap["sensors"].items())
         ),
         tuple((nid, n["connected"]) for nid, n in sorted(snap["nodes"].items())),
+        _release_key(snap.get("release")),
     )
+
+
+def _release_key(rel: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """A release's every step is news to a rollout waiting on it (its state, the version
+    running, the one under way, what was marked bad)."""
+    if rel is None:
+        return None
+    return (rel["state"], rel["version"], rel.get("candidate"), tuple(rel["bad"]))
 
 
 class StatusPublisher:
     """Publishes the gateway's status; ``run()`` is one of the gateway's tasks."""
 
-    def __init__(self, cfg: GatewayConfig, snapshot: Snapshot, *, started: float) -> None:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        snapshot: Snapshot,
+        *,
+        started: float,
+        subscriptions: Sequence[str] = (),
+        on_message: Callable[[str, bytes], None] | None = None,
+    ) -> None:
         self.cfg = cfg
+        # Topics this connection also subscribes to (QoS 1), at every connection: a
+        # release and the release keys (gateway/release_apply.py), retained, so the
+        # newest comes at once after an outage.
+        self.subscriptions = tuple(subscriptions)
+        self.on_message = on_message
         self.snapshot = snapshot
         self.started = started
         self.topic = cfg.status_topic()
@@ -222,6 +258,9 @@ class StatusPublisher:
         self._wake = asyncio.Event()
         self._last_key: tuple[Any, ...] | None = None
         self._last_at = 0.0  # monotonic
+        # Set when the gateway stops to re-execute itself (a release's switch or rollback):
+        # the stop then says so in an online status, not "offline" (below, ``_stopped``).
+        self.restarting = False
 
     def sampled(self, stats: dict[str, Any]) -> None:
         """The gateway's backlog sample: fresh store figures, so look for a change."""
@@ -278,6 +317,8 @@ class StatusPublisher:
                 self.last_error = None
                 try:
                     await self._publish(client, await self.snapshot(self._stats), "connected")
+                    for topic in self.subscriptions:
+                        await client.subscribe(topic, qos=1)
                     await self._loop(client)
                 except asyncio.CancelledError:
                     await self._stopped(client)
@@ -299,7 +340,7 @@ class StatusPublisher:
         st = self.cfg.status
         # A lost connection is noticed at once (and the status sent again on the next
         # one), not at the next publish: a restarted broker may have lost the retained one.
-        lost = asyncio.ensure_future(_until_lost(client))
+        lost = asyncio.ensure_future(_until_lost(client, self.on_message))
         try:
             while True:
                 idle = st.heartbeat_s - (time.monotonic() - self._last_at)
@@ -333,7 +374,21 @@ class StatusPublisher:
         log.debug("status %s: %s", reason, msg.verdict.headline)
 
     async def _stopped(self, client: aiomqtt.Client) -> None:
-        """A clean stop says so (then the DISCONNECT keeps the Will from being sent)."""
+        """A clean stop says so (then the DISCONNECT keeps the Will from being sent).
+
+        A stop to re-execute (``restarting``) publishes the status as it is instead, its
+        release part saying ``switched`` or ``rolling_back``: the new process says more
+        within seconds, and a rollout waiting on this gateway sees it applying, not gone
+        offline in its wave (which it must count as a failure). If the new process never
+        comes, the status stays that one, ageing (``pubcomp fleet status``'s last status);
+        systemd's ``Restart=always`` starts it again."""
+        if self.restarting:
+            try:
+                snap = await asyncio.wait_for(self.snapshot(self._stats), STOP_TIMEOUT_S)
+                await asyncio.wait_for(self._publish(client, snap, "changed"), STOP_TIMEOUT_S)
+                return
+            except Exception as exc:  # anything, while stopping: the offline message then
+                log.warning("status: the restarting status was not sent (%s)", exc)
         msg = offline_message(
             self.cfg.id,
             self.cfg.fleet,
@@ -350,8 +405,12 @@ class StatusPublisher:
             log.warning("status: the offline message was not sent (%s); the Will says it", exc)
 
 
-async def _until_lost(client: aiomqtt.Client) -> None:
-    """Returns only by raising: nothing is subscribed, so the iterator ends when the link does."""
-    async for _ in client.messages:
-        pass
+async def _until_lost(
+    client: aiomqtt.Client, on_message: Callable[[str, bytes], None] | None
+) -> None:
+    """Hands each message of the subscriptions on; returns only by raising, when the link
+    ends."""
+    async for msg in client.messages:
+        if on_message is not None and isinstance(msg.payload, bytes | bytearray):
+            on_message(msg.topic.value, bytes(msg.payload))
     raise aiomqtt.MqttError("status connection closed")

@@ -140,8 +140,10 @@ class _Collector:
         events = CounterMetricFamily("pubcomp_store_events", "store counters", labels=["event"])
         # dropped_quota is there from 0, so that increase() sees the first drop (PubcompStoreFull).
         for name, value in sorted(({"dropped_quota": 0} | st["counters"]).items()):
-            events.add_metric([name], value)
+            if not name.startswith("release_"):  # the release's own families, below
+                events.add_metric([name], value)
         yield events
+        yield from _release(s.get("release"))
         acks = CounterMetricFamily(
             "pubcomp_landed_acks",
             "landed acknowledgements by verdict (accepted; ignored: out_of_range, bad_hmac, "
@@ -197,6 +199,37 @@ class _Collector:
         )
         m.add_metric([], s.get("log_lines_suppressed", 0))
         yield m
+
+
+def _release(rel: dict[str, Any] | None) -> Iterable[Metric]:
+    """The signed release running and what was done with releases (release_apply.py)."""
+    if rel is None:
+        return
+    version = GaugeMetricFamily(
+        "pubcomp_release_version", "the signed release running (0: the --config file)"
+    )
+    version.add_metric([], rel["version"] or 0)
+    state = GaugeMetricFamily(
+        "pubcomp_release_state", "1 for the release apply state now", labels=["state"]
+    )
+    state.add_metric([rel["state"]], 1)
+    bad = GaugeMetricFamily("pubcomp_release_bad_versions", "versions rolled back here")
+    bad.add_metric([], len(rel["bad"]))
+    refused = CounterMetricFamily(
+        "pubcomp_release_refused",
+        "releases, keys documents and chunks refused, by reason (nothing applied)",
+        labels=["reason"],
+    )
+    for reason, n in sorted((rel.get("refused") or {}).items()):
+        refused.add_metric([reason], n)
+    events = CounterMetricFamily(
+        "pubcomp_release_events",
+        "apply state changes (each also a $release audit reading to the cloud)",
+        labels=["event"],
+    )
+    for event, n in sorted((rel.get("events") or {}).items()):
+        events.add_metric([event], n)
+    yield from (version, state, bad, refused, events)
 
 
 def _ingress_limits(ing: dict[str, Any] | None) -> Iterable[Metric]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,12 @@ class Notifier:
 
     def stopping(self, status: str = "stopping") -> bool:
         return self.send("STOPPING=1", f"STATUS={status}")
+
+    def reloading(self, status: str = "reloading") -> bool:
+        """The process is about to be replaced by a new one (re-exec) that will say READY=1;
+        MONOTONIC_USEC lets systemd 253+ tell this reload from an older one."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", f"STATUS={status}")
 
     def close(self) -> None:
         if self._sock is not None:

@@ -47,6 +47,7 @@ from .nodeoffer import OfferServer
 from .nodesets import state_dir
 from .notify import Notifier
 from .ratelog import Summary, SummaryFilter
+from .release_apply import Boot, ReleaseApply, reexec, status_without_releases
 from .status import store_headline
 from .wear import Wear
 
@@ -111,21 +112,26 @@ class Gateway:
         *,
         notifier: Notifier | None = None,
         clock: ClockWatch | None = None,
+        boot: Boot | None = None,
     ) -> None:
         self.cfg = cfg
         self.notifier = notifier or Notifier()
         self.started = time.time()
-        quota = int(cfg.store.quota_mb * 1e6) if cfg.store.quota_mb else None
-        self.store = Store(
-            cfg.store.path,
-            gateway_id=cfg.id,
-            quota_bytes=quota,
-            policy=cfg.store.policy,
-            hold_if_unwritable=True,  # deliver what it holds (degraded) rather than exit
-        )
+        if boot is not None:  # the start's release step opened the store (release_apply.py)
+            self.store = boot.store
+            self.first_new_seq = boot.first_new_seq
+        else:
+            quota = int(cfg.store.quota_mb * 1e6) if cfg.store.quota_mb else None
+            self.store = Store(
+                cfg.store.path,
+                gateway_id=cfg.id,
+                quota_bytes=quota,
+                policy=cfg.store.policy,
+                hold_if_unwritable=True,  # deliver what it holds (degraded) rather than exit
+            )
+            self.first_new_seq = self.store.given_seq()  # readings above: stamped by this run
         self.wear = Wear(cfg.store.flash_endurance_tbw)
-        self.first_new_seq = self.store.given_seq()  # readings above it were stamped by this run
-        self.clock = clock or ClockWatch(kernel_check())
+        self.clock = clock or (boot.clock if boot is not None else ClockWatch(kernel_check()))
         audit = CommitLog(cfg.store.commit_log) if cfg.store.commit_log else None
         self.commit_log = audit
         # One group commit for everything the gateway writes: node messages, sensor
@@ -171,9 +177,26 @@ class Gateway:
             list(cfg.sensors), lambda: make_factory(cfg.gpio), self.intake, self.clock, self.on_fix
         )
         self.health = HealthServer(cfg.health.host, cfg.health.port, self.snapshot, self.healthy)
+        self.boot = boot
+        self.release: ReleaseApply | None = None
+        if boot is not None and boot.rdir is not None:
+            self.release = ReleaseApply(boot, self, self.commits)
         self.status_link: StatusPublisher | None = None
         if cfg.status.enabled:  # the gateway's health, to the cloud broker (fleetstatus.py)
-            self.status_link = StatusPublisher(cfg, self.snapshot, started=self.started)
+            # Releases come on the same connection (retained: the newest at each connect).
+            self.status_link = StatusPublisher(
+                cfg,
+                self.snapshot,
+                started=self.started,
+                subscriptions=self.release.topics() if self.release else (),
+                on_message=self.release.on_message if self.release else None,
+            )
+        elif self.release is not None:
+            log.warning("status.enabled is false: no release can reach this gateway")
+        self.ready = False
+        self.ready_at: float | None = None
+        self.reexec: str | None = None  # why this process is to be replaced by a new one
+        self._stop: asyncio.Event | None = None
         # The backlog peaks when the uplink connects again: record it then, not 2 s later.
         self.uplink.on_connect = self.health.record
         self.ingress_port: int | None = None
@@ -186,7 +209,22 @@ class Gateway:
 
     # ------------------------------------------------------------ running
 
+    def restart(self, why: str) -> None:
+        """Stop cleanly, then replace this process by a new one (a release's switch or
+        rollback: release_apply.py says why a re-exec)."""
+        self.reexec = why
+        if self.status_link is not None:
+            self.status_link.restarting = True
+        if self._stop is not None:
+            self._stop.set()
+
+    def nodes_connected(self) -> list[str]:
+        if self.ingress is None:
+            return []
+        return [n.id for n in self.cfg.nodes if self.ingress.stats[n.id].connected]
+
     async def run(self, stop: asyncio.Event) -> int:
+        self._stop = stop
         # asyncio's own repeated lines (a write to a dead socket, an accept that failed)
         # summarised like ours.
         asyncio_filter = SummaryFilter(self.events)
@@ -205,7 +243,10 @@ class Gateway:
         self.chores.start("prune", self._prune_loop())
         if self.status_link is not None:
             self.chores.start("status", self.status_link.run())
+        if self.release is not None:
+            self.chores.start("release", self.release.run())
         self.notifier.ready(self.status_line())
+        self.ready, self.ready_at = True, time.monotonic()
         log.info(
             "gateway %s running: ingress port %s, health port %s, %d sensors, %d nodes",
             self.cfg.id,
@@ -217,7 +258,10 @@ class Gateway:
         try:
             await stop.wait()
         finally:
-            self.notifier.stopping("stopping: committing and disconnecting")
+            if self.reexec:  # sd_notify's reload protocol: READY=1 comes from the new process
+                self.notifier.reloading(f"{self.reexec}: committing and disconnecting")
+            else:
+                self.notifier.stopping("stopping: committing and disconnecting")
             await cancel_all(self.chores.tasks)
             if self.ingress is not None:
                 await self.ingress.close()
@@ -447,15 +491,30 @@ class Gateway:
             else {},
             "ingress": self.ingress.figures() if self.ingress is not None else None,
             "log_lines_suppressed": self.events.suppressed_total,
+            "release": self._release_status(),
         }
 
+    def _release_status(self) -> dict[str, Any] | None:
+        if self.release is not None:
+            return self.release.status()
+        if self.boot is not None and self.boot.problems:  # releases were applied here
+            return status_without_releases(self.boot)
+        return None
 
-def run(cfg: GatewayConfig) -> int:
-    """Run until SIGTERM or SIGINT; the exit code for the process."""
+
+def run(cfg: GatewayConfig, boot: Boot | None = None) -> int:
+    """Run until SIGTERM or SIGINT; the exit code for the process. A release's switch or
+    rollback ends the run cleanly, then this process is replaced (``reexec``)."""
+    gateway: Gateway | None = None
 
     async def work(stop: asyncio.Event) -> int:
-        return await Gateway(cfg).run(stop)
+        nonlocal gateway
+        gateway = Gateway(cfg, boot=boot)
+        return await gateway.run(stop)
 
+    code = 0
     with contextlib.suppress(KeyboardInterrupt):
-        return run_until_stopped(work)
-    return 0
+        code = run_until_stopped(work)
+    if gateway is not None and gateway.reexec:
+        reexec()
+    return code

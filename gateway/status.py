@@ -156,8 +156,40 @@ def summary_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("flash", _flash(snap.get("flash"))),
         *_ingress(snap.get("ingress")),
+        *_release(snap.get("release")),
         ("last error", last_error(up, now)),
     ]
+
+
+def _release(rel: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The signed release running, and the one under way (gateway/release_apply.py)."""
+    if rel is None:
+        return []
+    if rel["state"] == "off":
+        why = rel["last_error"] or "the --config file"
+        return [("release", f"off (no --release-dir): {why}")]
+    running = f"release {rel['version']}" if rel["version"] else "the --config file (no release)"
+    sha = f", sha256 {rel['sha256'][:12]}" if rel.get("sha256") else ""
+    text = f"{running}{sha}, {rel['state']}"
+    cand = rel.get("candidate")
+    if cand is not None and rel["state"] in ("trial", "rolling_back"):
+        back = f"release {rel['previous']}" if rel["previous"] else "the --config file"
+        text = f"release {cand} in trial (start {rel.get('attempts', 1)}), rollback to {back}"
+        if rel.get("trial_wait"):
+            text += f"; waiting for: {rel['trial_wait']}"
+    elif cand is not None:
+        text += f"; release {cand} {rel['state']}"
+    elif rel.get("previous"):
+        text += f"; previous {rel['previous']}"
+    if rel["bad"]:
+        text += f"; bad (rolled back here): {', '.join(map(str, rel['bad']))}"
+    refused = sum((rel.get("refused") or {}).values())
+    if refused:
+        text += f"; {counted(refused, 'refusal')}"
+    pairs = [("release", text)]
+    if rel.get("last_error"):
+        pairs.append(("release error", rel["last_error"]))
+    return pairs
 
 
 def landing(e2e: dict[str, Any]) -> str:

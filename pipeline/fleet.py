@@ -35,6 +35,7 @@ from pubcomp.sync.gatewaystatus import (
     NodeStatus,
     OfflineStatus,
     OnlineStatus,
+    ReleaseStatus,
     SensorStatus,
     parse,
 )
@@ -107,6 +108,8 @@ class Facts(BaseModel):
     flash_bytes_per_day: Annotated[float | None, At("flash.bytes_per_day")] = None
     sensors: Annotated[dict[str, SensorStatus], At("sensors")] = Field(default_factory=dict)
     nodes: Annotated[dict[str, NodeStatus], At("nodes")] = Field(default_factory=dict)
+    # None: a gateway run without --release-dir, or from before issue 28.
+    release: Annotated[ReleaseStatus | None, At("release")] = None
 
 
 def fact_paths() -> dict[str, str]:
@@ -290,6 +293,7 @@ HEADER = [
     "faults",
     "nodes",
     "version",
+    "release",
     "last status",
 ]
 
@@ -313,8 +317,24 @@ def row(v: GatewayView, j: Judgement, now: float) -> list[str]:
         str(v.sensor_faults) if v.sensors else "-",
         f"{v.nodes_connected}/{len(v.nodes)}" if v.nodes else "-",
         v.version or "-",
+        release_cell(v),
         f"{duration(now - v.when)} ago" if v.when is not None else "-",
     ]
+
+
+def release_cell(v: GatewayView) -> str:
+    """The signed release running, the one under way, and what was rolled back."""
+    r = v.release
+    if r is None:
+        return "-"
+    text = str(r.version) if r.version is not None else "config"
+    if r.candidate is not None:
+        text += f" -> {r.candidate} {r.state}"
+    elif r.state not in ("committed", "idle"):
+        text += f" {r.state}"
+    if r.bad:
+        text += f" (bad {','.join(map(str, r.bad))})"
+    return text
 
 
 def unlanded(v: GatewayView) -> str:

@@ -164,6 +164,28 @@ class NodeStatus(BaseModel):
     null: the node has not said."""
 
 
+class ReleaseStatus(BaseModel):
+    """Optional (issue 28): the signed release the gateway runs and what it does with one."""
+
+    model_config = _MODEL
+    version: Annotated[int, Field(ge=1)] | None
+    """The release running; null: the gateway's own --config file (none applied)."""
+    sha256: str | None
+    """Its config_sha256."""
+    state: str
+    """idle, fetched, verified, staged, switched, trial, committed, rolling_back,
+    rolled_back, refused (the last thing that happened), or off (no release directory)."""
+    previous: int | None
+    """What a rollback returns to while a release is in trial; else the one committed
+    before (null: the --config file)."""
+    bad: list[int]
+    """Versions rolled back here: each comes back only as a newer release."""
+    last_error: str | None
+    """Why the last release was refused or rolled back, in a sentence."""
+    candidate: int | SkipJsonSchema[None] = None
+    """Optional: the version under way (fetched .. trial), if any."""
+
+
 class _Header(BaseModel):
     """What every status message says, online or offline."""
 
@@ -199,6 +221,9 @@ class OnlineStatus(_Header):
     clock: ClockStatus
     sensors: dict[str, SensorStatus]
     nodes: dict[str, NodeStatus]
+    # Optional (issue 28): absent in a message from an older gateway.
+    release: ReleaseStatus | SkipJsonSchema[None] = None
+    """Optional: the signed release the gateway runs (pubcomp gateway run --release-dir)."""
 
 
 class OfflineStatus(_Header):

@@ -52,6 +52,15 @@ def full_status(gw: str = "gw-7") -> dict[str, Any]:
         problems=["probe"],
         sensors={"rain": sensor},
         nodes={"node-7": node},
+        release={
+            "version": 7,
+            "sha256": "ab" * 32,
+            "state": "trial",
+            "previous": 6,
+            "bad": [5],
+            "last_error": "release 5 failed its trial: uplink not connected",
+            "candidate": 8,
+        },
     )
 
 

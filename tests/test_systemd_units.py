@@ -111,3 +111,27 @@ def test_record_security_exposure(tmp_path: Path) -> None:
     print(f"systemd-analyze security --offline=yes: exposure {m.group(1)}")
     # 1.8 when recorded (docs/operations.md); a change that weakens it shows up here.
     assert float(m.group(1)) <= 2.5, text
+
+
+def test_gateway_unit_runs_the_committed_release() -> None:
+    """Issue 28: the unit runs the release committed under its StateDirectory (the only
+    place ProtectSystem=strict lets it write), with /etc/pubcomp/fleet.yaml as the
+    fallback; the arguments are the gateway command's own (parsed by its parser)."""
+    import argparse
+    import shlex
+
+    from pubcomp.gateway import cli
+
+    d = _directives(Path(__file__).parent.parent / "systemd" / "pubcomp-gateway.service")
+    (exec_start,) = d["ExecStart"]
+    argv = shlex.split(exec_start)
+    assert argv[0] == INSTALLED
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv[1:])
+    assert args.config == "/etc/pubcomp/fleet.yaml"
+    assert args.release_dir == "/var/lib/pubcomp/release"
+    (state,) = d["StateDirectory"]
+    assert Path(args.release_dir).is_relative_to(Path("/var/lib") / state)
+    # A switch re-executes in place: the main PID stays the one systemd watches.
+    assert d["NotifyAccess"] == ["main"] and d["Restart"] == ["always"]
