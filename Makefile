@@ -53,6 +53,9 @@ bench: setup
 	$(PY) bench/sensors.py
 	$(PY) bench/gateway.py
 	$(PY) bench/wear.py
+	$(PY) bench/login_attack.py
+	$(PY) bench/chaos_compare.py
+	$(PY) bench/pipeline.py
 	$(PY) bench/firmware.py
 	$(PY) bench/node_tls.py
 	$(PY) bench/peers_restart.py
