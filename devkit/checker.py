@@ -167,3 +167,27 @@ class Recorder:
     def stop(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
+
+
+def publish_retained(
+    port: int, topic: str, payload: bytes, user: str | None = None, password: str | None = None
+) -> int:
+    """One retained QoS 1 message from an independent paho client (MQTT 5), as ``user``
+    when given: the reason code of its PUBACK (0x87 when the broker's ACL refuses it)."""
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    if user is not None:
+        c.username_pw_set(user, password)
+    codes: list[int] = []
+    c.on_publish = lambda _c, _u, _mid, rc, _p: codes.append(rc.value)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        c.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
+        deadline = time.monotonic() + 10
+        while not codes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert codes, f"no PUBACK for {topic}"
+    finally:
+        c.loop_stop()
+        c.disconnect()
+    return codes[0]

@@ -10,7 +10,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import paho.mqtt.client as mqtt
 import yaml
@@ -63,10 +63,14 @@ class GatewayProc:
             gw[k] = v | gw.get(k, {}) if isinstance(v, dict) else v
         self.fleet.write_text(yaml.safe_dump({"fleet": "e2e", "gateways": {self.gid: gw}}))
 
-    def start(self, env: dict[str, str] | None = None, wait: bool = True) -> GatewayProc:
+    def run_args(self) -> list[str]:
+        """What ``pubcomp gateway run`` is given before ``--gateway``."""
+        return ["--config", str(self.fleet)]
+
+    def start(self, env: dict[str, str] | None = None, wait: bool = True) -> Self:
         # Through devkit/hooked.py: the hooks in ``env`` (crash points, a forced clock
         # state) act only there, never in the product (issue 25).
-        cmd = hooked.command("gateway", "run", "--config", str(self.fleet))
+        cmd = hooked.command("gateway", "run", *self.run_args())
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(
                 [*cmd, "--gateway", self.gid],

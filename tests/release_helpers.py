@@ -5,7 +5,6 @@ gateway's own MQTT code), and the ``$release`` audit readings read back at the c
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -15,10 +14,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import yaml
 
-from devkit import hooked
 from devkit.gateway_helpers import GatewayProc
 from devkit.node_helpers import wait_until
-from devkit.procs import track
 from pubcomp.gateway.credentials import hash_password
 from pubcomp.sync import release
 
@@ -124,22 +121,8 @@ class ReleaseGateway(GatewayProc):
         doc = {"fleet": self.fleet_name, "gateways": {self.gid: self.section(**kwargs)}}
         return yaml.safe_dump(doc, sort_keys=False)
 
-    def start(self, env: dict[str, str] | None = None, wait: bool = True) -> ReleaseGateway:
-        cmd = hooked.command(
-            "gateway", "run", "--config", str(self.fleet), "--release-dir", str(self.release_dir)
-        )
-        with self.log.open("a") as log:
-            self.proc = subprocess.Popen(
-                [*cmd, "--gateway", self.gid],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env={**__import__("os").environ, **(env or {})},
-            )
-        track(self.proc)
-        if wait:
-            self.wait_healthy()
-        return self
+    def run_args(self) -> list[str]:
+        return [*super().run_args(), "--release-dir", str(self.release_dir)]
 
     def rel(self) -> dict[str, Any]:
         """The ``release`` part of its status (None while it does not answer)."""

@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
 
 from devkit.broker import Mosquitto
-from devkit.checker import Recorder
+from devkit.checker import Recorder, publish_retained
 from devkit.gateway_helpers import GatewayProc
 from devkit.ingest_helpers import IngestProc, landed
 from devkit.procs import stop
@@ -166,21 +165,7 @@ def test_a_broker_queue_that_overflows_loses_nothing(
 
 
 def _publish(port: int, topic: str, payload: bytes, **login: str) -> int:
-    """Publish one retained QoS 1 message with paho (MQTT 5); its PUBACK's reason code."""
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    if login:
-        c.username_pw_set(login["user"], login["password"])
-    codes: list[int] = []
-    c.on_publish = lambda _c, _u, _mid, rc, _p: codes.append(rc.value)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        c.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
-        wait_until(lambda: bool(codes), 10, "the PUBACK")
-    finally:
-        c.loop_stop()
-        c.disconnect()
-    return codes[0]
+    return publish_retained(port, topic, payload, login.get("user"), login.get("password"))
 
 
 def _store_epoch(path: Path) -> str:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
-
 from devkit.broker import Mosquitto
-from devkit.node_helpers import wait_until
+from devkit.checker import publish_retained
 from pubcomp.sync import release
 
 from .release_helpers import PREFIX, ReleaseGateway, Signer
@@ -22,20 +20,7 @@ SINE = {"id": "sine", "type": "simulated", "signal": "sine", "interval_s": 0.2}
 
 
 def _publish(port: int, user: str, topic: str, payload: bytes) -> int:
-    """One retained QoS 1 message (paho, MQTT 5) as ``user``: its PUBACK's reason code."""
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    c.username_pw_set(user, USERS[user])
-    codes: list[int] = []
-    c.on_publish = lambda _c, _u, _mid, rc, _p: codes.append(rc.value)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        c.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
-        assert wait_until(lambda: bool(codes), 10), "no PUBACK"
-    finally:
-        c.loop_stop()
-        c.disconnect()
-    return codes[0]
+    return publish_retained(port, topic, payload, user, USERS[user])
 
 
 def test_only_the_operator_may_publish_releases(tmp_path: Path) -> None:
