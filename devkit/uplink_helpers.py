@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from pubcomp.sync.store import Reading, Store
@@ -97,13 +98,30 @@ def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def stop_after(proc: subprocess.Popen[str], seconds: float) -> dict[str, object]:
-    """Let a running uplink go on for ``seconds``, then SIGTERM it; its summary line."""
-    try:
-        out, _ = proc.communicate(timeout=seconds)
-    except subprocess.TimeoutExpired:
+def stop_after(
+    proc: subprocess.Popen[str], until_stderr: str, timeout: float = 60
+) -> dict[str, object]:
+    """Let a running uplink go on until a line of its log contains ``until_stderr`` (what
+    the test waits for: a refusal, an error), then SIGTERM it; its summary line. Waiting
+    for the line, not for a time: on a busy machine the process may take seconds to start."""
+    seen = threading.Event()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if until_stderr in line:
+                seen.set()
+        seen.set()  # ended without it: the summary says why
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    seen.wait(timeout)
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=10)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    proc.wait(30)
+    t.join(10)
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -33,6 +33,10 @@ def _split(counts: dict[str, int], gid: str, epoch: str) -> tuple[set[int], set[
     return seqs, {k for k in counts if not own.match(k)}
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
 def test_gateway_exactly_once_across_sigkills(tmp_path: Path, mosquitto: Mosquitto) -> None:
     checker = Checker(mosquitto.port, topic="telemetry/#", client_id="e2e-checker").start()
     # The witness of committed sensor readings, written after each commit returns.
@@ -44,13 +48,25 @@ def test_gateway_exactly_once_across_sigkills(tmp_path: Path, mosquitto: Mosquit
     node = PahoNode("node-1", "pw-1", gw.ingress_port).start()
     rng = random.Random(7)
     kills = 0
+    commits = tmp_path / "commits.jsonl"
+
+    def running_for(acks: int) -> None:
+        # Each kill falls after the node has had some more PUBACKs (a random number, so
+        # the kills land at different points of a commit) and the sensors have committed
+        # more: waiting for what the test needs, however busy the machine is.
+        want, lines = len(node.acked) + acks, _lines(commits) + 15
+        deadline = time.monotonic() + 60
+        while len(node.acked) < want or _lines(commits) < lines:
+            assert time.monotonic() < deadline, (len(node.acked), want, _lines(commits), lines)
+            time.sleep(0.05)
+
     try:
         for _ in range(3):
-            time.sleep(rng.uniform(1.0, 2.0))
+            running_for(rng.randint(30, 45))
             gw.kill()  # SIGKILL: no flush, no DISCONNECT; the store's fsyncs are all there is
             kills += 1
             gw.start()
-        time.sleep(1.0)
+        running_for(30)
     finally:
         node.stop()  # returns once every message it sent has its PUBACK
     assert gw.terminate() == 0
