@@ -312,3 +312,34 @@ def test_a_skip_told_by_the_records_own_seq_waits_for_the_next_record(tmp_path: 
         assert "skipped" not in records(s)[-1]["record"]["streams"][stream]
         record_now(s)
         assert records(s)[-1]["record"]["streams"][stream]["skipped"] == [[5, 10_003]]
+
+
+def test_the_documented_examples_follow_the_schemas() -> None:
+    """docs/wire-format.md: the node message with ``dropped`` and the ``$ledger`` reading
+    are valid JSON that the shipped schemas and the ingress's model take, in the shapes
+    the record builder makes."""
+    import re
+
+    doc = (Path(__file__).parent.parent / "docs/wire-format.md").read_text()
+
+    def blocks(heading: str) -> list[Any]:
+        section = doc[doc.index(heading) :]
+        section = section[: section.index("\n## ", 1)]
+        return [json.loads(b) for b in re.findall(r"```json\n(.*?)```", section, re.S)]
+
+    node = [b for b in blocks("## Node to gateway") if "dropped" in b]
+    assert len(node) == 1
+    assert not list(wire.validator(wire.NODE_SCHEMA).iter_errors(node[0]))
+    msg = wire.parse_node_message(json.dumps(node[0]).encode())
+    assert isinstance(msg, wire.NodeMessage)
+    assert msg.dropped_ranges() == [("node-7/42", "ring_overflow", 1100, 1187)]
+    (reading,) = blocks("## The ledger")
+    payload = {"v": 1, "gateway": "gw-7", "readings": [reading]}
+    assert not list(wire.validator(wire.CLOUD_SCHEMA).iter_errors(payload))
+    rec = reading["record"]
+    assert reading["sensor"] == LEDGER_SENSOR and set(rec) == {"v", "window", "top", "streams"}
+    shapes = {"held": list, "stored": list, "skipped": list, "evicted": list}
+    shapes |= {"dead_letter": list, "refused": dict, "node_dropped": dict}
+    for stream in rec["streams"].values():
+        assert set(stream) <= set(shapes)
+        assert all(isinstance(v, shapes[k]) for k, v in stream.items())
