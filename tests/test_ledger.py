@@ -343,3 +343,27 @@ def test_the_documented_examples_follow_the_schemas() -> None:
     for stream in rec["streams"].values():
         assert set(stream) <= set(shapes)
         assert all(isinstance(v, shapes[k]) for k, v in stream.items())
+
+
+@pytest.mark.parametrize(
+    ("payload", "key"),
+    [
+        (
+            b'{"v":1,"node":"n-1","boot":3,"seq":41,"ts":"2026-02-30T00:00:00Z","readings":[]}',
+            ("n-1", 3, 41),
+        ),
+        (b'{"v": 1, "node": "n-1", "boot": 3, "seq": 41}', ("n-1", 3, 41)),
+        (b'{"v":1,"node":"n-1","boot":3,"seq":41,"readings":' + b"x" * 100_000, ("n-1", 3, 41)),
+        (b'{"v":1,"node":"n-1","boot":3}', None),
+        (b'{"v":1,"node":"n-1","boot":-3,"seq":41}', None),
+        (b'{"v":1,"node":"n-1","boot":99999999999999999,"seq":41}', None),
+        (b"\xff\xfe not json", None),
+        (b" " * 600 + b'{"node":"n-1","boot":3,"seq":41}', None),  # past the head read
+    ],
+)
+def test_a_refused_message_names_its_position_from_its_head(
+    payload: bytes, key: tuple[str, int, int] | None
+) -> None:
+    """The ingress tells the ledger which position it refused only when the message's
+    first bytes name its node, boot and seq (it may be oversize or not JSON at all)."""
+    assert wire.message_key(payload) == key
