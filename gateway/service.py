@@ -34,6 +34,7 @@ from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 from pubcomp.sync.wire import parse_key
 
+from ..sync.faults import crash_point
 from ..sync.running import cancel_all, run_until_stopped
 from .clock import ClockWatch, correct_waiting, kernel_check
 from .commitlog import CommitLog
@@ -304,6 +305,7 @@ class Gateway:
             return  # nothing can be written: the events wait in the store
         try:
             seq = await self.commits.submit(self.store.ledger_record_in, within=LEDGER_WITHIN_S)
+            crash_point("ledger_committed", str(seq))
             log.debug("ledger: record %d appended", seq)
         except Exception as exc:  # a full or dying card: the events wait for the next one
             log.warning("ledger: the record was not written: %r", exc)

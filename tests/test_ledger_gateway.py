@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -409,4 +410,57 @@ def test_power_cuts_between_events_and_records_lose_nothing_and_tell_nothing_twi
     # A block at each start that gave a seq before the next cut; each told once.
     assert len(told(recs, stream, "skipped")) >= 2
     assert not list((disk.path / "state").glob("*corrupt*")), "the store was moved aside"
+    once(checker)
+
+
+@pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
+@pytest.mark.parametrize("disk", [None, 20261126], indirect=True, ids=["strict", "writeback"])
+def test_a_cut_on_either_side_of_the_records_commit_tells_each_refusal_once(
+    tmp_path: Path, disk: PowerCutMount, mosquitto: Mosquitto
+) -> None:
+    """A node's refused messages are events on the card; then the power goes at the two
+    moments that matter, each reached by a crash point (sync/faults.py) and followed by
+    a cut of the power-cut disk: (1) the record built and appended, its transaction not
+    committed: after the restart the events are still there and a later record tells
+    them; (2) the record committed: the events went with it, and it travels. Either way
+    every refusal the node had acknowledged is told exactly once. Old code: the gateway
+    never passes the crash points (no record op) and no record arrives."""
+    checker = cloud(mosquitto.port)
+    gw = ledger_gateway(tmp_path, mosquitto.port, nodes={"n1": "pw-1"})
+    gw.db = disk.path / "state" / "gateway.db"
+    gw.write()
+    marker = tmp_path / "crash-marker"
+    acked: set[int] = set()
+    try:
+        for point, boot in (("ledger_built", 1), ("ledger_committed", 2)):
+            # No record but the clean stop's, so the events wait for it; the crash point
+            # kills the gateway inside that stop, and the disk's power goes with it.
+            gw.extra["ledger"] = {"interval_s": 3600}
+            gw.write()
+            crash = {"PUBCOMP_CRASH_AT": f"{point}:1", "PUBCOMP_CRASH_MARKER": str(marker)}
+            gw.start(crash)
+            node = RefusedNode("n1", "pw-1", gw.ingress_port, boot=boot).start()
+            assert wait_until(lambda n=node: len(n.acked) >= 10, 30)
+            node.stop()  # every refusal acknowledged: none is retried after the cut
+            acked |= {boot * 1000 + s for s in node.acked}
+            assert gw.terminate() == -signal.SIGKILL, gw.log.read_text()[-3000:]
+            assert marker.read_text().split()[0] == point, "crashed somewhere else"
+            disk.cut()
+        gw.extra["ledger"] = {"interval_s": 1}
+        gw.write()
+        gw.start()
+
+        def refused() -> set[int]:
+            recs = records(checker)
+            return {
+                boot * 1000 + s
+                for boot in (1, 2)
+                for lo, hi in told(recs, f"n1/{boot}", "refused")
+                for s in range(lo, hi + 1)
+            }
+
+        assert wait_until(lambda: refused() == acked, 30), (sorted(acked), sorted(refused()))
+    finally:
+        checker.stop()
+        gw.kill()
     once(checker)

@@ -24,11 +24,16 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .. import faults
 from ..ledger import LEDGER_SENSOR, Event, build_record, merged
 from .base import StoreBase
 from .packing import decode_body
 
 RECORD_SRC = LEDGER_SENSOR  # outbox.src of a record's row (NULL: the gateway's readings)
+
+# The record's two sides for the crash tests (sync/faults.py): built and appended, its
+# transaction not yet committed; committed (passed by the gateway once its op returned).
+faults.register("ledger_built", "ledger_committed")
 
 
 def add_event(
@@ -210,6 +215,7 @@ class Ledger(StoreBase):
             "INSERT OR REPLACE INTO meta VALUES (?, ?)",
             [("ledger_at", repr(now)), ("ledger_seq", str(seq))],
         )
+        faults.crash_point("ledger_built", str(seq))
         return seq
 
     def ledger_events(self) -> list[Event]:
