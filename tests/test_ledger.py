@@ -367,3 +367,18 @@ def test_a_refused_message_names_its_position_from_its_head(
     """The ingress tells the ledger which position it refused only when the message's
     first bytes name its node, boot and seq (it may be oversize or not JSON at all)."""
     assert wire.message_key(payload) == key
+
+
+def test_seqs_of_an_op_undone_are_told_as_skipped(tmp_path: Path) -> None:
+    """An op that gave seqs and then failed (a value that is not finite, after two good
+    readings) is undone alone; its seqs are never given again, and the ledger tells them
+    as ``skipped`` with the next seqs given, so the cloud does not count them missing."""
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        append(s, own(3))
+        bad = [*own(2), Reading("t", float("nan"), "2026-11-25T00:00:00.000Z", "C")]
+        ok, err = s.commit_ops([(lambda db: s.append_in(db, bad), False)])[0]
+        assert not ok and isinstance(err, ValueError)
+        assert s.ledger_events() == []  # told with the next seqs, in their transaction
+        assert append(s, own(1)) == (6, 6)
+        got = [(e.stream, e.kind, e.lo, e.hi) for e in s.ledger_events()]
+        assert got == [(s.store_stream, "skipped", 4, 5)]
