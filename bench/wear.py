@@ -30,6 +30,7 @@ reading, bytes written per reading, GB written per day at that rate.
 
     python bench/wear.py [--shapes busy,fleet,bulk,burst,flood] [--disks plain,slow]
                          [--systems pubcomp,pubcomp-hop,bridge,bridge-autosave] [--seconds 15]
+                         [--ledger-interval-s 300]
 """
 
 from __future__ import annotations
@@ -319,6 +320,9 @@ def main() -> None:
     ap.add_argument("--commit-delay-ms", type=float, help="pubcomp's store.commit_delay_ms")
     ap.add_argument("--commit-delay-max-ms", type=float, help="pubcomp's store.commit_delay_max_ms")
     ap.add_argument("--linger-ms", type=float, help="pubcomp's uplink.linger_ms")
+    ap.add_argument(
+        "--ledger-interval-s", type=float, help="pubcomp's ledger.interval_s (its $ledger records)"
+    )
     args = ap.parse_args()
     if args.commit_delay_ms is not None:
         SETTINGS.setdefault("store", {})["commit_delay_ms"] = args.commit_delay_ms
@@ -326,6 +330,8 @@ def main() -> None:
         SETTINGS.setdefault("store", {})["commit_delay_max_ms"] = args.commit_delay_max_ms
     if args.linger_ms is not None:
         SETTINGS["uplink"] = {"linger_ms": args.linger_ms}
+    if args.ledger_interval_s is not None:
+        SETTINGS["ledger"] = {"interval_s": args.ledger_interval_s}
     disks = args.disks.split(",")
     if "slow" in disks and fuse_missing():
         print(f"slow disk skipped: {fuse_missing()}")

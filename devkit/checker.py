@@ -26,6 +26,7 @@ class Checker:
     ) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self.readings: dict[str, tuple] = {}  # id -> (sensor, ts, value) as delivered
+        self.records: dict[str, dict] = {}  # id -> a gateway's record ($ledger, ...) as delivered
         self.arrivals: list[str] = []  # every id delivered, in the order it arrived
         self.messages = 0
         self.bad_payloads = 0
@@ -61,6 +62,7 @@ class Checker:
             readings = json.loads(msg.payload)["readings"]
             ids = [r["id"] for r in readings]
             what = {r["id"]: (r["sensor"], r["ts"], r["value"]) for r in readings}
+            records = {r["id"]: r["record"] for r in readings if "record" in r}
         except (ValueError, KeyError, TypeError):
             with self._lock:
                 self.bad_payloads += 1
@@ -70,6 +72,7 @@ class Checker:
             self.counts.update(ids)
             self.arrivals.extend(ids)
             self.readings.update(what)
+            self.records.update(records)
 
     def start(self) -> Checker:
         if self.protocol == mqtt.MQTTv5:
@@ -106,6 +109,11 @@ class Checker:
         """What each reading id (starting with ``prefix``) carried: (sensor, ts, value)."""
         with self._lock:
             return {k: v for k, v in self.readings.items() if k.startswith(prefix)}
+
+    def records_seen(self) -> dict[str, dict]:
+        """Every gateway record delivered (a ``$...`` sensor's ``record``), by reading id."""
+        with self._lock:
+            return dict(self.records)
 
     def arrival_order(self) -> list[str]:
         with self._lock:

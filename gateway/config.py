@@ -175,6 +175,14 @@ class IngressSection(_Model):
         return self
 
 
+class LedgerSection(_Model):
+    """The gateway's ledger (issue 27; docs/wire-format.md, "The ledger"): a ``$ledger``
+    record of what the store did with each stream's positions, sent this often and at
+    a clean stop. Each record is one reading's commit: 300 s costs the card nothing."""
+
+    interval_s: Annotated[float, Field(ge=1, le=86400)] = 300.0
+
+
 class HealthSection(_Model):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 9101
@@ -269,6 +277,7 @@ class GatewayConfig(_Model):
     health: HealthSection = HealthSection()
     status: StatusSection = StatusSection()
     release: ReleaseSection = ReleaseSection()
+    ledger: LedgerSection = LedgerSection()
     gpio: GpioName = "auto"
     sensors: list[SensorConfig] = []
     nodes: list[NodeConfig] = []
@@ -280,7 +289,7 @@ class GatewayConfig(_Model):
         return self.status.topic or f"{self.uplink.topic_prefix}/{self.id}/status"
 
 
-SECTIONS = ("uplink", "store", "ingress", "health", "status", "release", "gpio")
+SECTIONS = ("uplink", "store", "ingress", "health", "status", "release", "ledger", "gpio")
 TOP_KEYS = ("fleet", "defaults", "gateways")
 GATEWAY_KEYS = (*SECTIONS, "sensors", "nodes")
 

@@ -98,6 +98,8 @@ ACCEPT_BACKLOG = 32
 # server, serial ports, and the connections accepted before the limits close them.
 FD_RESERVE = 256
 SHOWN_NAME = 64  # characters of a refused user name in the log
+# Refusals the ledger is not told of: the message is not this node's to tell about.
+NOT_TOLD = frozenset({"foreign_topic", "wrong_node"})
 
 # The reasons counted (fixed: nothing a client sends becomes a key). Exported from 0.
 REFUSED_CONNECTION = ("max_connections", "max_pending_logins", "max_pending_logins_per_address")
@@ -740,18 +742,19 @@ class Ingress:
         ack = outcome.ack
         if self.updates is not None and pkt.topic == f"nodes/{node}/update/req":
             return await self._update_request(node, pkt, ack)
-        reason, readings, key = self._check(node, pkt)
+        reason, readings, key, dropped = self._check(node, pkt)
         if reason is not None:
             st.rejected[reason[1]] += 1
             self.events.log(
                 log, logging.INFO, ("rejected", node, reason[1]),
                 "ingress: %s: rejected message: %s", node, reason[1],
             )  # fmt: skip
+            await self._tell_refusal(node, pkt.payload, reason[1])
             if ack is None:
                 return []
             return [session.refuse(pkt, reason[0]) if version == MQTT_5 else ack]
         # StoreFull, StoreUnwritable: no ack at all (this raises, the connection closes)
-        stored = await self.intake.submit(key, readings, node)
+        stored = await self.intake.submit(key, readings, node, dropped)
         st.messages += 1
         if stored:
             st.readings += len(readings)
@@ -770,29 +773,41 @@ class Ingress:
             out.append(Publish(f"nodes/{node}/update", answer))
         return out
 
+    async def _tell_refusal(self, node: str, payload: bytes, reason: str) -> None:
+        """A refused message that names its own node, boot and seq: the ledger is told
+        (``refused``), so the cloud knows why that position is missing. A message on
+        another's topic or naming another node tells nothing of that node's stream."""
+        if reason in NOT_TOLD:
+            return
+        key = wire.message_key(payload)
+        if key is None or key[0] != node:
+            return
+        await self.intake.refused(f"{node}/{key[1]}", key[2], reason, node)
+
     def _check(
         self, node: str, pkt: Publish
-    ) -> tuple[tuple[int, str] | None, list[Reading], str | None]:
-        """(rejection (reason code, counter name) or None, readings, message key)."""
+    ) -> tuple[tuple[int, str] | None, list[Reading], str | None, list[tuple[str, str, int, int]]]:
+        """(rejection (reason code, counter name) or None, readings, message key, what the
+        node reports it dropped)."""
         if pkt.topic != f"nodes/{node}/readings":
-            return (Reason.NOT_AUTHORIZED, "foreign_topic"), [], None
+            return (Reason.NOT_AUTHORIZED, "foreign_topic"), [], None, []
         if len(pkt.payload) > self.cfg.max_payload_bytes:
             # 0x95 (packet too large) is not a PUBACK/PUBREC code (5.0 tables 3-4, 3-5)
-            return (Reason.QUOTA_EXCEEDED, "oversize"), [], None
+            return (Reason.QUOTA_EXCEEDED, "oversize"), [], None, []
         msg = wire.parse_node_message(pkt.payload)
         if isinstance(msg, str):
-            return (Reason.PAYLOAD_FORMAT_INVALID, msg), [], None
+            return (Reason.PAYLOAD_FORMAT_INVALID, msg), [], None, []
         if msg.node != node:
-            return (Reason.NOT_AUTHORIZED, "wrong_node"), [], None
+            return (Reason.NOT_AUTHORIZED, "wrong_node"), [], None, []
         if len(msg.readings) > self.cfg.max_readings_per_message:
-            return (Reason.QUOTA_EXCEEDED, "too_many_readings"), [], None
+            return (Reason.QUOTA_EXCEEDED, "too_many_readings"), [], None, []
         try:
             readings = self._readings(node, msg)
         except (ValueError, OverflowError):
             # The schema's pattern admits 2026-02-30, and ts - dt may fall before year 1:
             # no time the store could hold (issue 25). Refused, never left unacknowledged.
-            return (Reason.PAYLOAD_FORMAT_INVALID, "invalid_time"), [], None
-        return None, readings, f"{node}/{msg.boot}/{msg.seq}"
+            return (Reason.PAYLOAD_FORMAT_INVALID, "invalid_time"), [], None, []
+        return None, readings, f"{node}/{msg.boot}/{msg.seq}", msg.dropped_ranges()
 
     def _readings(self, node: str, msg: wire.NodeMessage) -> list[Reading]:
         flags: list[str] = []

@@ -69,19 +69,26 @@ class Intake:
         self.commits.add_source(self._take_sensor_readings)
 
     async def submit(
-        self, key: str | None, readings: Sequence[Reading], producer: str | None = None
+        self,
+        key: str | None,
+        readings: Sequence[Reading],
+        producer: str | None = None,
+        dropped: Sequence[tuple[str, str, int, int]] = (),
     ) -> bool:
         """Commit a message's readings; True if stored, False if ``key`` was seen before.
+        ``dropped``: what the node reports it gave up (stream, reason, lo, hi), told to
+        the ledger in the same transaction, if the message is stored.
 
         Raises StoreFull or StoreUnwritable when the store refuses: the caller must
         not acknowledge.
         """
         batch = [(key, readings)]
+        drops = {key: dropped} if key is not None and dropped else None
         self._in_flight += len(readings)
         patience = self.patience(producer)
         try:
             stored: bool = await self.commits.submit(
-                lambda db: self.store.append_batches_in(db, batch)[0],
+                lambda db: self.store.append_batches_in(db, batch, dropped=drops)[0],
                 within=patience,
                 # A patient message waits for its deadline: it must not count towards
                 # the "as many as waited together lately" rule, which would send it alone.
@@ -105,6 +112,21 @@ class Intake:
         else:
             self.stats.duplicates += 1
         return stored
+
+    async def refused(self, stream: str, seq: int, reason: str, producer: str) -> None:
+        """A node message the ingress refused, told to the ledger (``refused``) through the
+        group commit like a message, before its refusal is sent: what the node then
+        forgets is on the card. A store that cannot take it is logged, never raised: the
+        refusal goes out all the same."""
+        event = [(stream, "refused", seq, seq, reason)]
+        try:
+            await self.commits.submit(
+                lambda db: self.store.ledger_event_in(db, event), peer=producer
+            )
+        except Exception as exc:
+            self.stats.counters["refusals_not_told"] += 1
+            log.warning("ledger: the refusal of %s/%d (%s) was not stored: %s",
+                        stream, seq, reason, exc)  # fmt: skip
 
     def patience(self, producer: str | None) -> float | None:
         """How long this producer's message may wait for company, if longer than the

@@ -34,6 +34,7 @@ from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 from pubcomp.sync.wire import parse_key
 
+from ..sync.faults import crash_point
 from ..sync.running import cancel_all, run_until_stopped
 from .clock import ClockWatch, correct_waiting, kernel_check
 from .commitlog import CommitLog
@@ -57,6 +58,7 @@ CLOCK_POLL_S = 10.0
 SAMPLE_S = 2.0  # backlog history and STATUS= line (stretched if counting the backlog is slow)
 SEEN_KEEP_S = 7 * 24 * 3600  # node message keys kept for dedup: retries never come later
 PRUNE_WITHIN_S = 5.0  # forgetting old keys is never urgent: it rides a commit within this
+LEDGER_WITHIN_S = 1.0  # a $ledger record rides a commit within this
 PROBE_TIMEOUT_S = 5.0
 # What is wrong, for decisions (the watchdog's); each comes with a sentence for people.
 Problem = Literal["task", "chore", "store_probe", "store_unwritable", "commit"]
@@ -241,6 +243,7 @@ class Gateway:
         self.chores.start("sample", self._sample_loop())
         self.chores.start("watchdog", self._watchdog_loop())
         self.chores.start("prune", self._prune_loop())
+        self.chores.start("ledger", self._ledger_loop())
         if self.status_link is not None:
             self.chores.start("status", self.status_link.run())
         if self.release is not None:
@@ -265,6 +268,9 @@ class Gateway:
             await cancel_all(self.chores.tasks)
             if self.ingress is not None:
                 await self.ingress.close()
+            # A clean stop's record, before the uplink's last drain may take it along; it
+            # also makes the next start's skipped block exact (sync/store/outbox.py).
+            await self._ledger_record()
             uplink_stop.set()
             try:
                 await asyncio.wait_for(
@@ -330,6 +336,23 @@ class Gateway:
             except StoreError as exc:  # a dying card: the keys wait for the next round
                 log.warning("forgetting old message keys failed: %s", exc)
             await asyncio.sleep(3600)
+
+    async def _ledger_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.ledger.interval_s)
+            await self._ledger_record()
+
+    async def _ledger_record(self) -> None:
+        """ONE op of the group commit builds the $ledger record, appends it to the outbox
+        and deletes the events it took (sync/store/ledger.py): told exactly once."""
+        if self.store.held:
+            return  # nothing can be written: the events wait in the store
+        try:
+            seq = await self.commits.submit(self.store.ledger_record_in, within=LEDGER_WITHIN_S)
+            crash_point("ledger_committed", str(seq))
+            log.debug("ledger: record %d appended", seq)
+        except Exception as exc:  # a full or dying card: the events wait for the next one
+            log.warning("ledger: the record was not written: %r", exc)
 
     async def _watchdog_loop(self) -> None:
         """WATCHDOG=1 at half the timeout, only while the loop, its tasks and the store are well.

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 NODE_SCHEMA = "node-readings.v1.json"
 CLOUD_SCHEMA = "cloud-readings.v1.json"
@@ -73,14 +74,71 @@ class NodeReading(BaseModel):
     kind: Kind = GAUGE
 
 
+_COUNTER = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
+MAX_DROPPED = 64  # entries of a node message's ``dropped``, and ranges per entry
+
+
+class NodeDropped(BaseModel):
+    """Messages a node gave up (issue 27): ``seqs`` of ``boot`` (default: the message's)."""
+
+    model_config = _STRICT
+    boot: _COUNTER | None = None  # absent (never null): the message's boot
+    reason: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+    seqs: Annotated[list[tuple[_COUNTER, _COUNTER]], Field(min_length=1, max_length=MAX_DROPPED)]
+
+    @field_validator("boot", mode="before")
+    @classmethod
+    def _no_null(cls, v: Any) -> Any:
+        if v is None:
+            raise ValueError("boot: absent or a number, never null")
+        return v
+
+
 class NodeMessage(BaseModel):
     model_config = _STRICT
     v: Annotated[int, Field(ge=1, le=1)]  # Literal[1] would take true (True == 1)
     node: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-    boot: Annotated[int, Field(ge=0, le=MAX_COUNTER)]
-    seq: Annotated[int, Field(ge=0, le=MAX_COUNTER)]
+    boot: _COUNTER
+    seq: _COUNTER
     ts: Annotated[str, Field(pattern=_TS)] | None
     readings: Annotated[list[NodeReading], Field(min_length=1, max_length=500)]
+    dropped: Annotated[list[NodeDropped], Field(max_length=MAX_DROPPED)] = []
+
+    def dropped_ranges(self) -> list[tuple[str, str, int, int]]:
+        """(stream ``node/boot``, reason, lo, hi) of each range the node reports
+        dropped; a range that ends before it begins is left out."""
+        return [
+            (f"{self.node}/{self.boot if d.boot is None else d.boot}", d.reason, lo, hi)
+            for d in self.dropped
+            for lo, hi in d.seqs
+            if lo <= hi
+        ]
+
+
+# A refused message's key, read from its first bytes without parsing the whole (it may be
+# oversize or not JSON at all): only to tell the ledger which position was refused.
+_KEY_FIELDS = {
+    name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*' + value)
+    for name, value in (
+        ("node", rb'"([A-Za-z0-9_.-]{1,64})"'),
+        ("boot", rb"([0-9]{1,16})[\s,}]"),
+        ("seq", rb"([0-9]{1,16})[\s,}]"),
+    )
+}
+KEY_HEAD = 512
+
+
+def message_key(payload: bytes) -> tuple[str, int, int] | None:
+    """(node, boot, seq) named in a node message's first ``KEY_HEAD`` bytes, or None."""
+    head = payload[:KEY_HEAD]
+    found = [p.search(head) for p in _KEY_FIELDS.values()]
+    if any(m is None for m in found):
+        return None
+    node, boot, seq = (m.group(1) for m in found if m is not None)
+    b, s = int(boot), int(seq)
+    if b > MAX_COUNTER or s > MAX_COUNTER:
+        return None
+    return node.decode(), b, s
 
 
 def parse_node_message(payload: bytes) -> NodeMessage | str:

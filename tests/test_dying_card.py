@@ -154,6 +154,8 @@ def test_a_dying_card_refuses_new_readings_and_delivers_what_it_holds(
                 claimed.add(rid)
         else:
             sensor, ts, _ = readings[rid]
+            if sensor.startswith("$"):
+                continue  # the gateway's own record ($ledger, issue 27), not a sensor's
             if (gw.gid, sensor, ts_us(ts)) not in witness:
                 claimed.add(rid)
     assert not claimed, f"readings nobody acknowledged or witnessed: {sorted(claimed)[:5]}"

@@ -31,6 +31,7 @@ CHECKS = [
     "spill_torn_tail",
     "spill_full_drops_oldest",
     "outbox_modes",
+    "drops_reported",
     "leds",
     "config",
     "tls_config",

@@ -213,3 +213,16 @@ def test_config_commands(tmp_path: Path) -> None:
     bad = write(tmp_path, BASE + "    uplink: {qos: 3}\n    sensors: [{id: x, type: nope}]\n")
     res = run("check", str(bad))
     assert res.returncode == 1 and "2 problem(s)" in res.stderr  # all errors at once
+
+
+def test_ledger_interval_is_validated_like_the_rest(tmp_path: Path) -> None:
+    """``ledger.interval_s`` (issue 27): 300 s by default, 1 to 86400, set in defaults or
+    per gateway; anything else is named with its line."""
+    p = write(tmp_path, BASE + "    ledger: {interval_s: 0}\n")
+    (problem,) = problems(p)
+    assert problem.startswith(f"{p}:6: gateways.gw1.ledger.interval_s: ") and "1" in problem
+    p = write(tmp_path, BASE + "    ledger: {every: 5}\n")
+    assert [x.split(": ")[1] for x in problems(p)] == ["gateways.gw1.ledger.every"]
+    assert Fleet(write(tmp_path, BASE + "    store: {}\n")).gateway("gw1").ledger.interval_s == 300
+    p = write(tmp_path, BASE.replace("defaults:\n", "defaults:\n  ledger: {interval_s: 60}\n"))
+    assert Fleet(p).gateway("gw1").ledger.interval_s == 60

@@ -437,7 +437,8 @@ def test_a_store_made_before_schema_3_is_packed_with_its_seqs_and_ids(tmp_path: 
     inflight = db.execute("SELECT sql FROM sqlite_master WHERE name = 'out_inflight'").fetchone()
     version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
     db.close()
-    assert cols == ["seq", "n", "marks", "body", "queued"] and version == str(SCHEMA_VERSION)
+    assert cols == ["seq", "n", "marks", "body", "queued", "src", "src_seq"]
+    assert version == str(SCHEMA_VERSION)
     assert "AUTOINCREMENT" not in inflight[0]  # one page less per commit
 
 

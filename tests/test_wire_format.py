@@ -148,6 +148,26 @@ _FIELD_VALUES: dict[str, list[Any]] = {
         "2010-01-01T00:00:00Z",
     ],
     "readings": [[], [{"sensor": "a", "value": 1, "unit": "u"}] * 501, "x"],
+    # What the node gave up (issue 27): optional, bounded, never null.
+    "dropped": [
+        [],
+        None,
+        [{"reason": "ring_overflow", "seqs": [[0, 4]]}],
+        [{"boot": 2, "reason": "spill_full", "seqs": [[0, 4], [9, 9]]}],
+        [{"boot": None, "reason": "spill_full", "seqs": [[0, 4]]}],
+        [{"reason": "Ring", "seqs": [[0, 4]]}],
+        [{"reason": "ring_overflow", "seqs": []}],
+        [{"reason": "ring_overflow", "seqs": [[0]]}],
+        [{"reason": "ring_overflow", "seqs": [[0, 1, 2]]}],
+        [{"reason": "ring_overflow", "seqs": [[-1, 2]]}],
+        [{"reason": "ring_overflow", "seqs": [[0, 2**53]]}],
+        [{"reason": "ring_overflow", "seqs": [[5, 4]]}],
+        [{"reason": "ring_overflow", "seqs": [[0, 4]], "x": 1}],
+        [{"seqs": [[0, 4]]}],
+        [{"reason": "ring_overflow", "seqs": [[0, 4]]}] * 65,
+        [{"reason": "ring_overflow", "seqs": [[i, i] for i in range(65)]}],
+        {"reason": "ring_overflow"},
+    ],
 }
 _READING_VALUES: dict[str, list[Any]] = {
     "sensor": ["", "s" * 64, "s" * 65, 3, None, "$ledger", "a$"],

@@ -16,6 +16,8 @@ over ``base.StoreBase``, which declares the state they share)::
                   dead letters
     receiver.py   what an old QoS 2 receiver's file holds (read once by the ingest)
     stats.py      one snapshot of every figure; the durable counters
+    ledger.py     the ledger (issue 27): events appended in the transaction of what they
+                  describe, and the op that makes a $ledger record of them
     legacy.py     every migration of a file written by an older pubcomp
     schema.py     the tables, and the schema version
 
@@ -66,6 +68,7 @@ from __future__ import annotations
 from ..errors import CorruptStore, StoreError, StoreFull, StoreUnwritable
 from .clock import ClockCorrection
 from .files import PAGE_SIZE, StoreFile, fsync_dir
+from .ledger import RECORD_SRC, Ledger
 from .outbox import POLICIES, SEQ_BLOCK, Reading
 from .packing import ROW_BYTES, ROW_READINGS, decode_body, pack_body, unpack_body
 from .producers import MAX_SEEN_RANGES, Producers, add_to_ranges
@@ -84,7 +87,7 @@ from .writes import (
 )
 
 
-class Store(StoreFile, Producers, ClockCorrection, Sender, Stats):
+class Store(StoreFile, Producers, ClockCorrection, Sender, Stats, Ledger):
     """The gateway's durable session store. One instance per process and file.
 
     Methods are thread-safe (one lock around the write connection, one around the read
@@ -99,6 +102,7 @@ __all__ = [
     "PAGE_SIZE",
     "POLICIES",
     "READ_ONLY",
+    "RECORD_SRC",
     "ROW_BYTES",
     "ROW_READINGS",
     "SCHEMA",

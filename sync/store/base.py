@@ -50,6 +50,11 @@ class StoreBase:
     _floor: int
     _floor_pending: int | None
     _claimed: Callable[[], int] | None  # during commit_ops: readings being taken into messages
+    # The ledger (ledger.py): seq ranges no reading will have, told (``skipped``) with
+    # the next seqs given; the first ``_skips_told`` are written in the transaction
+    # under way (forgotten once it commits).
+    _skips: list[tuple[int, int]]
+    _skips_told: int
     # Producers (producers.py)
     _legacy_seen: bool
     # Stats (stats.py)

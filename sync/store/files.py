@@ -35,7 +35,7 @@ from typing import Any, Self
 from ..errors import CorruptStore, StoreError, StoreUnwritable
 from ..wire import wire_time
 from . import legacy
-from .outbox import POLICIES, seq_given_on_disk
+from .outbox import POLICIES, seq_given_on_disk, skipped_block
 from .producers import has_seen_keys
 from .schema import SCHEMA, SCHEMA_VERSION
 from .writes import (
@@ -83,6 +83,8 @@ class StoreFile(WritePath):
         self.io = StoreIO()
         self._floor_pending = None
         self._claimed = None
+        self._skips, self._skips_told = [], 0
+        self._given = self._floor = 0  # until the open reads them (its transactions count)
         # Messages the broker has completed whose deletion rides a later commit (rule 3
         # lets it wait): their readings are delivered, and ``stats`` says so at once.
         self._forgetting = []
@@ -175,6 +177,8 @@ class StoreFile(WritePath):
             ) from exc
         with self._lock:
             self._given = self._floor = seq_given_on_disk(self._db)
+            # The floor's block, told to the ledger with the first seq given (ledger.py).
+            self._skips, self._skips_told = skipped_block(self._db, self._floor), 0
             # Stores made before schema 2 kept message keys one row each in ``seen``.
             self._legacy_seen = has_seen_keys(self._db)
         # Reads on their own connection: WAL lets them see every committed
@@ -244,11 +248,16 @@ class StoreFile(WritePath):
     def _migrate(self) -> None:
         """A file of an older schema brought up to this one, once, in one transaction."""
         with self._lock:
-            if legacy.outbox_packed(self._db):
-                return
+            packed = legacy.outbox_packed(self._db)
+            sourced = legacy.outbox_sourced(self._db)
+        if packed and sourced:
+            return
         with self._tx() as db:
-            moved = legacy.pack_outbox(db, self.epoch)
-        log.info("store %s: outbox packed (schema 3), %d readings kept", self.path, moved)
+            if not packed:
+                moved = legacy.pack_outbox(db, self.epoch)
+                log.info("store %s: outbox packed (schema 3), %d readings kept", self.path, moved)
+            named = legacy.add_sources(db)
+        log.info("store %s: outbox rows named (schema 5), %d node rows", self.path, named)
 
     def _ensure_reserve(self) -> None:
         if not self.reserve_bytes or self.reserve_path.exists():

@@ -9,6 +9,10 @@ migration is here, and nothing else in the store needs to know an old file's sha
   (``autoincrement_seq``); keys left in ``seen`` are still read (producers.py);
 - schema 3 (packed rows): nothing to convert; 4 adds ``awaiting_landing``, which
   ``CREATE TABLE IF NOT EXISTS`` makes (schema.py);
+- schema 5 (the ledger, issue 27): ``outbox`` gets ``src`` and ``src_seq`` (``ALTER
+  TABLE ... ADD COLUMN``: no rewrite) and the rows already waiting are named from
+  their first reading's id (``add_sources``), once; ``ledger_events`` is made by
+  ``CREATE TABLE IF NOT EXISTS``;
 - a file from a NEWER pubcomp is refused (``check_version``), never converted back.
 """
 
@@ -19,6 +23,7 @@ from pathlib import Path
 
 from ..errors import StoreError
 from ..wire import encode_readings
+from .ledger import row_source
 from .packing import outbox_row
 from .schema import INSERT_OUTBOX, OUT_INFLIGHT, OUTBOX, SCHEMA_VERSION
 
@@ -88,7 +93,7 @@ def pack_outbox(db: sqlite3.Connection, epoch: str) -> int:
                 "flags": names,
             }
             encoded = [encode_readings([reading])]
-            packed.append(outbox_row(seq, encoded, set(names), queued))
+            packed.append((*outbox_row(seq, encoded, set(names), queued), None, None))
         db.executemany(INSERT_OUTBOX, packed)
         moved += len(packed)
     db.execute("DROP TABLE outbox_v2")
@@ -99,3 +104,29 @@ def pack_outbox(db: sqlite3.Connection, epoch: str) -> int:
         db.execute("INSERT INTO out_inflight SELECT * FROM out_inflight_v2")
         db.execute("DROP TABLE out_inflight_v2")
     return moved
+
+
+def outbox_sourced(db: sqlite3.Connection) -> bool:
+    """Do the outbox's rows name their node message (schema 5 on)?"""
+    return "src" in {r[1] for r in db.execute("PRAGMA table_info(outbox)")}
+
+
+def add_sources(db: sqlite3.Connection) -> int:
+    """Inside a transaction: give an older outbox the columns ``src`` and ``src_seq`` (if
+    it lacks them) and name every row that has none from its first reading's id (a
+    row holds one node message, or the gateway's own readings). Returns the rows named."""
+    if not outbox_sourced(db):
+        db.execute("ALTER TABLE outbox ADD COLUMN src TEXT")
+        db.execute("ALTER TABLE outbox ADD COLUMN src_seq INTEGER")
+    seqs = [r[0] for r in db.execute("SELECT seq FROM outbox WHERE src IS NULL ORDER BY seq")]
+    named = 0
+    for i in range(0, len(seqs), 1000):  # read, then write: no cursor open on what changes
+        batch = db.execute(
+            "SELECT seq, body FROM outbox WHERE src IS NULL AND seq BETWEEN ? AND ?",
+            (seqs[i], seqs[min(i + 999, len(seqs) - 1)]),
+        ).fetchall()
+        found = [(*row_source(body), seq) for seq, body in batch]
+        named_rows = [f for f in found if f[0] is not None]
+        db.executemany("UPDATE outbox SET src = ?, src_seq = ? WHERE seq = ?", named_rows)
+        named += len(named_rows)
+    return named

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StoreFull
-from ..wire import GAUGE, encode_readings
+from ..ledger import LEDGER_SENSOR
+from ..wire import GAUGE, encode_readings, wire_time
 from .base import StoreBase, bump
+from .ledger import RECORD_SRC, add_event, drop_rows_in, has_record
 from .legacy import autoincrement_seq
 from .packing import (
     ROW_READINGS,
@@ -60,6 +62,7 @@ class Reading:
     flags: Sequence[str] = ()
     id: str | None = None  # default: origin/epoch/seq
     kind: str = GAUGE  # gauge, counter or total (sync.wire.Kind)
+    record: dict[str, Any] | None = None  # a gateway's record ($ledger): not a reading
 
 
 class Outbox(StoreBase):
@@ -81,13 +84,40 @@ class Outbox(StoreBase):
         return before + 1, self._given
 
     def _insert_readings(
-        self, db: sqlite3.Connection, readings: Iterable[Reading], now: float
+        self,
+        db: sqlite3.Connection,
+        readings: Iterable[Reading],
+        now: float,
+        src: str | None = None,
+        src_seq: int | None = None,
     ) -> None:
-        """The one place readings enter the outbox: each gets its seq and id here."""
-        db.executemany(INSERT_OUTBOX, self._rows(readings, db, now))
+        """The one place readings enter the outbox: each gets its seq and id here, and
+        its row the node message it came from (``src``: ``node/boot``, ``src_seq``)."""
+        before = self._given
+        db.executemany(INSERT_OUTBOX, self._rows(readings, db, now, src, src_seq))
+        if self._given > before and len(self._skips) > self._skips_told:
+            # Seqs no reading will have (the floor's block at an open; those of an op or
+            # a transaction undone): told with the next seqs given, in their
+            # transaction (sync/store/ledger.py).
+            stream = f"{self.gateway_id}/{self.epoch}"
+            for lo, hi in self._skips[self._skips_told :]:
+                add_event(db, stream, "skipped", lo, hi, at=now)
+            self._skips_told = len(self._skips)
+
+    def _append_record_in(self, db: sqlite3.Connection, record: dict[str, Any], now: float) -> int:
+        """A ``$ledger`` record into the outbox as a reading (its row ``src = '$ledger'``,
+        which the quota never evicts); returns its seq."""
+        rec = Reading(LEDGER_SENSOR, None, wire_time(now), None, record=record)
+        self._insert_readings(db, [rec], now, RECORD_SRC)
+        return self._given
 
     def _rows(
-        self, readings: Iterable[Reading], db: sqlite3.Connection, now: float
+        self,
+        readings: Iterable[Reading],
+        db: sqlite3.Connection,
+        now: float,
+        src: str | None = None,
+        src_seq: int | None = None,
     ) -> Iterator[tuple[Any, ...]]:
         """Readings as outbox rows (up to ``ROW_READINGS`` readings and ``ROW_BYTES`` of
         encoded readings each), every reading given its seq and, from the gateway, its
@@ -103,7 +133,7 @@ class Outbox(StoreBase):
             if not chunk:
                 first = self._given
             origin = r.origin or self.gateway_id
-            reading = {
+            reading: dict[str, Any] = {
                 "id": r.id or f"{origin}/{self.epoch}/{self._given}",
                 "origin": origin,
                 "sensor": r.sensor,
@@ -114,12 +144,16 @@ class Outbox(StoreBase):
             }
             if r.kind != GAUGE:  # absent means gauge: most readings, and old bodies, say nothing
                 reading["kind"] = r.kind
+            if r.record is not None:
+                reading["record"] = r.record
             chunk.append(reading)
             if len(chunk) == ROW_READINGS:
-                yield from packed_rows(first, chunk, now)
+                for row in packed_rows(first, chunk, now):
+                    yield (*row, src, src_seq)
                 chunk = []
         if chunk:
-            yield from packed_rows(first, chunk, now)
+            for row in packed_rows(first, chunk, now):
+                yield (*row, src, src_seq)
 
     # ------------------------------------------------------------ the seqs
 
@@ -189,30 +223,39 @@ class Outbox(StoreBase):
         # awaiting landing are the oldest of those (the broker completed them, but it is
         # not the only copy we count on); in-flight ones are never dropped (their packet
         # ids are live at the broker).
+        # Each eviction is told to the ledger in this transaction (store seqs, and the node
+        # messages the rows held); a $ledger record is never evicted: what it tells is
+        # told nowhere else (a message holding one stays awaiting its landing).
         victims, dropped = max(incoming * 2, 64), 0
         awaiting = db.execute(
             "SELECT first_seq, last_seq, readings FROM awaiting_landing ORDER BY first_seq"
-        )
+        ).fetchall()
         evict: list[tuple[int, int]] = []
         for first, last, n in awaiting:
             if dropped >= victims:
                 break
+            if has_record(db, first, last):
+                continue
             evict.append((first, last))
             dropped += n
+        stream, now = f"{self.gateway_id}/{self.epoch}", time.time()
         for first, last in evict:
             db.execute("DELETE FROM awaiting_landing WHERE first_seq = ?", (first,))
-            db.execute(DELETE_ROWS, (first, last)).fetchall()
+            drop_rows_in(db, stream, first, last, "evicted", at=now)
         if evict:
             bump(db, "dropped_awaiting", dropped)
         low = self._untouchable_seq(db)
-        rows = db.execute("SELECT seq, n FROM outbox WHERE seq > ? ORDER BY seq", (low,))
+        rows = db.execute(
+            "SELECT seq, n FROM outbox WHERE seq > ? AND src IS NOT ? ORDER BY seq",
+            (low, RECORD_SRC),
+        )
         last = None
         for seq, n in rows:
             if dropped >= victims:
                 break
             last, dropped = seq, dropped + n
         if last is not None:
-            db.execute("DELETE FROM outbox WHERE seq > ? AND seq <= ?", (low, last))
+            drop_rows_in(db, stream, low + 1, last, "evicted", keep_records=True, at=now)
         bump(db, "dropped_quota", dropped)
         self._keep_seq_floor(db)
         log.warning("store quota reached: dropped %d oldest waiting readings", dropped)
@@ -282,8 +325,8 @@ class Outbox(StoreBase):
         """Split a waiting row into rows of at most ``max_bytes`` of encoded readings and
         ``max_readings`` readings (a broker whose Maximum Packet Size is smaller than a
         row, an ``uplink.batch`` below a row's readings). Returns the rows made."""
-        row = db.execute("SELECT body, queued FROM outbox WHERE seq = ?", (seq,))
-        body, queued = row.fetchone()
+        row = db.execute("SELECT body, queued, src, src_seq FROM outbox WHERE seq = ?", (seq,))
+        body, queued, src, src_seq = row.fetchone()
         readings = decode_body(body)
         pieces: list[tuple[int, list[dict[str, Any]]]] = []
         size = 0
@@ -298,7 +341,7 @@ class Outbox(StoreBase):
         db.executemany(
             INSERT_OUTBOX,
             [
-                (first, len(rs), marks_of(rs), pack_body(encode_readings(rs)), queued)
+                (first, len(rs), marks_of(rs), pack_body(encode_readings(rs)), queued, src, src_seq)
                 for first, rs in pieces
             ],
         )
@@ -314,6 +357,18 @@ def seq_given_on_disk(db: sqlite3.Connection) -> int:
     return max(
         int(floor[0]) if floor else 0, autoincrement_seq(db), dead[0] or 0, newest_row_end(db)
     )
+
+
+def skipped_block(db: sqlite3.Connection, floor: int) -> list[tuple[int, int]]:
+    """At an open: the seqs the next reading's seq jumps over (the floor's block), as a
+    list of one range (or none). Below it: the newest seq any trace on disk says was
+    given (the newest row, a dead letter, the last $ledger record: a clean stop builds
+    one, so after one the block is exact; after a power cut it may cover seqs given and
+    already gone from the store, landed)."""
+    dead = db.execute("SELECT MAX(seq) FROM dead_letter").fetchone()[0] or 0
+    told = db.execute("SELECT value FROM meta WHERE key = 'ledger_seq'").fetchone()
+    seen = max(newest_row_end(db), dead, int(told[0]) if told else 0)
+    return [(seen + 1, floor)] if floor > seen else []
 
 
 def newest_row_end(db: sqlite3.Connection) -> int:

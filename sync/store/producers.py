@@ -13,9 +13,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from .ledger import add_event
 from .outbox import Outbox, Reading
+
+# What a node reports it gave up, per message key: (stream node/boot, reason, lo, hi).
+Dropped = Mapping[str, Sequence[tuple[str, str, int, int]]]
 
 # A node's seen seqs are kept as ranges; past this many gaps the oldest two ranges
 # merge (a message that old, missing all along, is taken as seen).
@@ -30,6 +34,7 @@ class Producers(Outbox):
         db: sqlite3.Connection,
         batches: Sequence[tuple[str | None, Sequence[Reading]]],
         state: dict[str, str] | None = None,
+        dropped: Dropped | None = None,
     ) -> list[bool]:
         """Several producers' batches inside the caller's transaction (a group commit's op).
 
@@ -38,6 +43,10 @@ class Producers(Outbox):
         same). ``state`` is saved in the same transaction (e.g. a pulse counter's
         total, so it never runs ahead of or behind its committed readings). Raises
         StoreFull (nothing stored) when the quota refuses.
+
+        A node batch's rows name its message (``src`` node/boot, ``src_seq``); what its
+        message reports the node dropped (``dropped[key]``) is told to the ledger
+        (``node_dropped``) in this transaction, only if the batch is stored.
         """
         now = time.time()
         results: list[bool] = []
@@ -46,7 +55,13 @@ class Producers(Outbox):
             if key is not None and self._seen_before(db, key, now):
                 results.append(False)
                 continue
-            self._insert_readings(db, readings, now)
+            src = node_key(key) if key is not None else None
+            if src is None:
+                self._insert_readings(db, readings, now)
+            else:
+                self._insert_readings(db, readings, now, *src)
+            for stream, reason, lo, hi in (dropped or {}).get(key or "", ()):
+                add_event(db, stream, "node_dropped", lo, hi, reason, at=now)
             results.append(True)
         if state:
             db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", list(state.items()))
@@ -87,6 +102,15 @@ class Producers(Outbox):
         with self._rlock:
             row = self._rdb.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
+
+
+def node_key(key: str) -> tuple[str, int] | None:
+    """(``node/boot``, seq) of a node message key ``node/boot/seq``; None for another key."""
+    producer, _, tail = key.rpartition("/")
+    node, _, boot = producer.rpartition("/")
+    if node and boot.isdigit() and tail.isdigit():
+        return producer, int(tail)
+    return None
 
 
 def has_seen_keys(db: sqlite3.Connection) -> bool:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 # 2: node_seen; outbox.seq without AUTOINCREMENT in new files. 3: packed outbox rows.
 # 4: awaiting_landing (end to end: delivered messages kept until the cloud has them).
-SCHEMA_VERSION = 4
+# 5: the ledger (issue 27): outbox.src and src_seq, ledger_events.
+SCHEMA_VERSION = 5
 
 OUTBOX = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -17,7 +18,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     n       INTEGER NOT NULL,     -- readings in the row: seqs seq .. seq + n - 1
     marks   TEXT,                 -- every flag its readings carry, comma separated
     body    BLOB NOT NULL,        -- the readings, encoded (sync.wire.encode_readings)
-    queued  REAL NOT NULL         -- wall-clock seconds when stored
+    queued  REAL NOT NULL,        -- wall-clock seconds when stored
+    src     TEXT,                 -- node/boot of the node message it holds; '$ledger' for a
+                                  -- ledger record; NULL for the gateway's own readings
+    src_seq INTEGER               -- that node message's seq
 );
 """
 
@@ -37,7 +41,21 @@ CREATE TABLE IF NOT EXISTS out_inflight (
 );
 """
 
-INSERT_OUTBOX = "INSERT INTO outbox (seq, n, marks, body, queued) VALUES (?, ?, ?, ?, ?)"
+INSERT_OUTBOX = (
+    "INSERT INTO outbox (seq, n, marks, body, queued, src, src_seq) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+# What the ledger has not told yet (sync/store/ledger.py): appended in the transaction of
+# what it describes, deleted by the op that appends the $ledger record telling it.
+LEDGER_EVENTS = """
+CREATE TABLE IF NOT EXISTS ledger_events (
+    at      REAL NOT NULL,     -- wall-clock seconds of its transaction
+    stream  TEXT NOT NULL,     -- gateway/epoch (store seqs) or node/boot (message seqs)
+    kind    TEXT NOT NULL,     -- skipped, evicted, dead_letter, refused, node_dropped
+    lo      INTEGER NOT NULL,
+    hi      INTEGER NOT NULL,
+    reason  TEXT
+);
+"""
 
 SCHEMA = (
     OUTBOX
@@ -93,4 +111,5 @@ CREATE TABLE IF NOT EXISTS dead_letter (
     at      REAL NOT NULL
 );
 """
+    + LEDGER_EVENTS
 )

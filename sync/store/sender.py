@@ -26,6 +26,7 @@ from typing import Any
 
 from ..session import OutState
 from .base import bump
+from .ledger import drop_rows_in
 from .outbox import DELETE_ROWS, Outbox, count_readings
 from .packing import decode_body
 
@@ -210,7 +211,8 @@ class Sender(Outbox):
             db.executemany(
                 "INSERT OR REPLACE INTO dead_letter VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", dead
             )
-            db.execute(DELETE_ROWS, row).fetchall()
+            # Told to the ledger in this transaction: store seqs and node messages.
+            drop_rows_in(db, f"{self.gateway_id}/{self.epoch}", *row, "dead_letter", at=now)
             bump(db, "dead_lettered", len(dead))
         if completed or refused:
             self._keep_seq_floor(db)

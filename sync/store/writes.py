@@ -152,18 +152,23 @@ class WritePath(StoreBase):
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
+            given = self._given
             try:
                 yield self._db
                 self._db.execute("COMMIT")
                 self.io.commits += 1
                 if self._floor_pending is not None:
                     self._floor = self._floor_pending
+                del self._skips[: self._skips_told]
             except BaseException:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
+                if self._given > given:  # seqs given to readings that are not stored
+                    self._skips.append((given + 1, self._given))
                 raise
             finally:
                 self._floor_pending = None
+                self._skips_told = 0
 
     def _run_ops(self, ops: Sequence[DbOp]) -> list[tuple[bool, Any]]:
         """Run ``ops`` in ONE transaction (one fsync), each under its own savepoint.
@@ -176,20 +181,29 @@ class WritePath(StoreBase):
         with self._tx() as db:
             for fn in ops:
                 db.execute("SAVEPOINT op")
+                given, told = self._given, self._skips_told
                 try:
                     out.append((True, fn(db)))
                 except sqlite3.OperationalError as exc:
                     if is_disk_full(exc) or is_unwritable(exc):
                         raise  # the disk's failure, not the op's: the whole group fails
-                    db.execute("ROLLBACK TO op")
-                    self._floor_pending = None  # undone with the op: write it again later
+                    self._undo_op(db, given, told)
                     out.append((False, exc))
                 except Exception as exc:
-                    db.execute("ROLLBACK TO op")
-                    self._floor_pending = None
+                    self._undo_op(db, given, told)
                     out.append((False, exc))
                 db.execute("RELEASE op")
         return out
+
+    def _undo_op(self, db: sqlite3.Connection, given: int, told: int) -> None:
+        """An op raised: undo it alone. What it wrote goes (the floor is written again
+        later); seqs it gave are a gap, never given again: told as ``skipped`` with the
+        next seqs given, as what it told of earlier gaps is told again."""
+        db.execute("ROLLBACK TO op")
+        self._floor_pending = None
+        self._skips_told = told
+        if self._given > given:
+            self._skips.append((given + 1, self._given))
 
     def _write(self, tx: Callable[[], T], *, spend_reserve: bool = False, retry: bool = True) -> T:
         """Run ``tx`` (a transaction) the way every write of the store is run.

@@ -185,6 +185,32 @@ def check_outbox_modes():
     print("PASS outbox_modes")
 
 
+def check_drops_reported():
+    """Which messages the node gave up rides the next message it sends ("dropped"),
+    the same entries on every retry of that message, forgotten at its PUBACK."""
+    ob = Outbox(Ring(6), None, "off")
+    for s in range(5):
+        ob.put(msg(6, s))  # 15 readings into 6: seqs 0, 1 and 2 overflow
+    d = ob.drops
+    assert d.entries == [[6, "ring_overflow", 0, 2]], d.entries
+    head = ob.peek()
+    first = d.attach((head[M.BOOT], head[M.SEQ]))
+    assert first == [{"boot": 6, "reason": "ring_overflow", "seqs": [[0, 2]]}], first
+    ob.put(msg(6, 5))  # while 3 is in flight: 3 overflows, a new entry (not attached)
+    assert d.attach((head[M.BOOT], head[M.SEQ])) == first  # a retry carries the same
+    body = json.loads(M.payload("n", head, 6, time.ticks_ms(), first))
+    assert body["dropped"] == first and "dropped" not in json.loads(M.payload("n", head, 6, 0))
+    d.acked()
+    assert d.entries == [[6, "ring_overflow", 3, 3]], d.entries
+    rm_tree("sp6")
+    ob = Outbox(Ring(6), SpillLog("sp6", segments=3, segment_bytes=300), "always")
+    for s in range(40):
+        ob.put(msg(7, s))
+    lost = [e for e in ob.drops.entries if e[1] == "spill_full"]
+    assert lost and lost[0][2] == 0 and ob.log.dropped == 3 * (lost[-1][3] + 1), lost
+    print("PASS drops_reported")
+
+
 def blinks(state):
     n, prev = 0, 0
     for ms in range(0, leds.CYCLE_MS, 10):
@@ -275,6 +301,7 @@ for check in (
     check_spill_torn_tail,
     check_spill_full_drops_oldest,
     check_outbox_modes,
+    check_drops_reported,
     check_leds,
     check_config,
     check_tls_config,

@@ -130,9 +130,13 @@ class Node:
         if msg is None:
             return False
         self.led.show("sending")
-        ok = self.link.send(message.payload(self.cfg["node"]["id"], msg, self.boot, time.ticks_ms()))
+        drops = self.outbox.drops
+        dropped = drops.attach((msg[message.BOOT], msg[message.SEQ]))
+        body = message.payload(self.cfg["node"]["id"], msg, self.boot, time.ticks_ms(), dropped)
+        ok = self.link.send(body)
         if ok:
             self.outbox.ack()
+            drops.acked()
             self.sent += 1
             if self.trial_until is not None:
                 self.commit()

@@ -59,8 +59,9 @@ def iso(t):
     return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (y, mo, d, h, mi, s, ms)
 
 
-def payload(node, msg, boot, now_ticks):
-    """The wire format's node message (docs/wire-format.md).
+def payload(node, msg, boot, now_ticks, dropped=None):
+    """The wire format's node message (docs/wire-format.md); ``dropped``: the
+    messages this node gave up, if any (drops.py).
 
     Without a clock the gateway stamps its own time; ``dt`` then says how long
     ago the readings were taken, known only for a message of this boot.
@@ -82,4 +83,6 @@ def payload(node, msg, boot, now_ticks):
         "ts": None if msg[T] is None else iso(msg[T]),
         "readings": out,
     }
+    if dropped:
+        body["dropped"] = dropped
     return json.dumps(body).encode()

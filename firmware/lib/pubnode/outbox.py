@@ -7,7 +7,8 @@
 #                        sent, so a reset or power cut loses nothing taken.
 # Order is kept: the log only ever holds messages older than the ring's, so the
 # next message to send is the log's head, else the ring's.
-from .message import count
+from .drops import Drops
+from .message import BOOT, SEQ, count
 
 
 class Outbox:
@@ -18,6 +19,10 @@ class Outbox:
         self.log = log
         self.mode = mode
         self.dropped = 0  # readings dropped from RAM with nowhere to go
+        # Which messages were dropped (RAM and flash), told to the gateway (drops.py).
+        self.drops = Drops()
+        if log is not None:
+            log.drops = self.drops
 
     def put(self, msg):
         if self.mode == "always":
@@ -28,6 +33,7 @@ class Outbox:
                 self.log.append(old)
             else:
                 self.dropped += count(old)
+                self.drops.add(old[BOOT], "ring_overflow", old[SEQ])
 
     def peek(self):
         if self.log is not None and self.log.pending:

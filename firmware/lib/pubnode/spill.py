@@ -34,6 +34,7 @@ class SpillLog:
         self.n = segments
         self.limit = segment_bytes
         self.dropped = 0  # readings
+        self.drops = None  # which messages were dropped (drops.py), if someone asks
         self.torn = 0  # lines skipped at recovery
         self.bytes_written = 0
         self.pending = 0  # messages after the head
@@ -153,6 +154,8 @@ class SpillLog:
             if msg is None:
                 break
             self.dropped += message.count(msg)
+            if self.drops is not None:
+                self.drops.add(msg[message.BOOT], "spill_full", msg[message.SEQ])
             self._advance()
 
     def _append(self, line):
