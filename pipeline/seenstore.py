@@ -13,9 +13,10 @@ attempt did), and deletes the generations it compacted last.
 
 A warehouse written before the ranges has ``seen_ids``: one row per kept copy
 (``transforms.SEEN_SCHEMA``). ``migrate`` converts it once, before any batch: the
-ids that are stream positions become runs (the earliest row of each id; the rows
+ids that are stream positions become runs (the first row of each id; the rows
 of the last batch ``B`` in runs of their own, so that a replay of ``B`` left
-unfinished by the old version still sees the index without them), the others,
+unfinished by the old version still sees the index without them; a position is
+in the run of the batch that kept it first), the others,
 and every row of an id with more than one (a displacement), exceptions; both
 written as generation ``B``, then ``seen_ids`` is deleted. Killed before the
 delete, the next run converts again and overwrites the same partitions.
@@ -181,9 +182,11 @@ class SeenStore:
             self.delete(self.path(LEGACY))
             return 0
         last, n = int(top[0]), int(top[1])
-        order = transforms.copy_order(F.col("received"), F.col("gateway"))
+        # A position stays in the run of the batch that kept it first: a displacement is
+        # an exception, and a replay of the last batch must still find the position
+        # claimed when it leaves that batch's runs out.
         per_id = old.groupBy("id").agg(
-            F.min_by(F.struct(*[c for c in transforms.SEEN_COLUMNS if c != "id"]), order).alias(
+            F.min_by(F.struct(*[c for c in transforms.SEEN_COLUMNS if c != "id"]), "batch").alias(
                 "k"
             ),
             F.count(F.lit(1)).alias("copies"),

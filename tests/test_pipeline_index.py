@@ -284,9 +284,12 @@ def _old_index(spark: Any, wh: Path) -> None:
 def test_a_warehouse_written_before_the_ranges_is_converted_once_and_dedups_on(
     spark: Any, tmp_path: Path
 ) -> None:
-    """Two batches (one displacing) leave an index as the old version wrote it. The next
-    run converts it and goes on: later copies lose, earlier ones displace (one of an id
-    displaced once already), new readings are kept; the tables are DuckDB's."""
+    """Two batches (the second displacing, and killed before its checkpoint committed)
+    leave an index as the old version wrote it. The next run converts it, replays the
+    second batch and goes on: later copies lose, earlier ones displace (one of an id
+    displaced once already), new readings are kept; the tables are DuckDB's and the
+    index claims every kept position once (a displaced one too: before, the conversion
+    put it in the replayed batch's runs, which the replay leaves out)."""
     landing, wh = tmp_path / "landing", tmp_path / "wh"
     _land(landing, "b0", _gateway_copies(list(range(1, 60)), received=T0 + timedelta(hours=1)))
     odd = [{**r, "id": f"gwx/e1/{i}.x"} for i, r in enumerate(_gateway_copies([1, 2], received=T0))]
@@ -296,6 +299,8 @@ def test_a_warehouse_written_before_the_ranges_is_converted_once_and_dedups_on(
     assert _run(spark, landing, wh)["displaced"] == 2
     _old_index(spark, wh)
     assert (wh / "seen_ids").exists() and not (wh / "seen_ranges").exists()
+    for f in ("1", ".1.crc"):  # killed before its commit: replayed
+        (wh / "_checkpoint" / "commits" / f).unlink(missing_ok=True)
     _land(
         landing, "b2",
         _gateway_copies([1, 2, 3], received=T0 + timedelta(hours=2))  # later: they lose
@@ -304,6 +309,7 @@ def test_a_warehouse_written_before_the_ranges_is_converted_once_and_dedups_on(
         + [{**odd[0], "received": wire_time(T0 + timedelta(hours=3))}],  # a later odd copy
     )  # fmt: skip
     s = _run(spark, landing, wh)
-    assert s["readings_written"] == 12 and s["displaced"] == 2
+    assert s["batches"] == [1, 2]
+    assert s["readings_written"] == 2 + 12 and s["displaced"] == 2 + 2
     assert not (wh / "seen_ids").exists()
     _agrees(landing, wh)
