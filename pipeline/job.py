@@ -267,11 +267,13 @@ class Pipeline:
         rows = exceptions
         if runs is not None:
             positions = candidates.select("id", *seenindex.stream_position(F.col("id")))
-            claimed = seenindex.claims(positions, runs).localCheckpoint(eager=True)
+            claimed = _small(seenindex.claims(positions, runs).localCheckpoint(eager=True))
             found = self._kept_copies(candidates, claimed, exceptions, batch_id)
             if found is not None:
                 rows = found if rows is None else rows.unionByName(found)
         kept = transforms.kept_per_id(candidates, rows) if rows is not None else None
+        if kept is not None:
+            kept = _small(kept.localCheckpoint(eager=True))
         return transforms.against_index(candidates, kept, claimed)
 
     def _kept_copies(
@@ -320,22 +322,26 @@ class Pipeline:
         readings = self.spark.read.schema(transforms.READINGS_SCHEMA).parquet(self.path("readings"))
         earlier = F.col("batch").between(b_lo, b_hi) & (F.col("batch") != batch_id)
         hours = [(r["date"], r["hour"]) for r in own]
+        ids = maybe.select("id")
+        ids = F.broadcast(ids) if n < SMALL else ids
         found = transforms.seen_rows(
             readings.where(earlier & transforms.in_hours(F.col("date"), F.col("hour"), hours)).join(
-                maybe.select("id"), on="id", how="left_semi"
+                ids, on="id", how="left_semi"
             )
         ).localCheckpoint(eager=True)
         got = found.count()
         if got < n:  # not in its own hour: a clockless node's copy, or never kept
             rest = maybe.where(F.col("must") | F.col("moved"))
-            rest = rest.join(found.select("id"), on="id", how="left_anti")
-            more = transforms.seen_rows(
-                readings.where(earlier & F.col("date").between(d_lo, d_hi)).join(
-                    rest.select("id"), on="id", how="left_semi"
-                )
-            ).localCheckpoint(eager=True)
-            found = found.unionByName(more)
-            got += more.count()
+            rest = rest.join(found.select("id"), on="id", how="left_anti").select("id")
+            rest = rest.localCheckpoint(eager=True)
+            if rest.count():  # else no date range is read at all
+                more = transforms.seen_rows(
+                    readings.where(earlier & F.col("date").between(d_lo, d_hi)).join(
+                        F.broadcast(rest), on="id", how="left_semi"
+                    )
+                ).localCheckpoint(eager=True)
+                found = found.unionByName(more)
+                got += more.count()
         if got < n:
             lost = [
                 r.id
@@ -514,6 +520,14 @@ class Pipeline:
         runs.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         (runs / f"run-{stamp}.json").write_text(data + "\n")
+
+
+SMALL = 2_000_000  # rows a join hint broadcasts (a checkpoint's size is not known to Spark)
+
+
+def _small(df: DataFrame) -> DataFrame:
+    """``df`` (checkpointed: counting it is cheap) hinted for a broadcast join if it is small."""
+    return F.broadcast(df) if df.count() < SMALL else df
 
 
 def _placement(df: DataFrame, decided: bool) -> list[Any]:
