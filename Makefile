@@ -38,8 +38,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	scripts/typecheck.sh
 
+# Most tests wait on real processes (brokers, gateways, Spark): two workers side by side
+# (devkit/broker.py gives each its own slice of ports). TEST_WORKERS=0 runs them in one.
+TEST_WORKERS ?= 2
+
 test: setup lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 demo: setup
 	$(PY) -m devkit.demo

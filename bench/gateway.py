@@ -43,6 +43,7 @@ import yaml  # noqa: E402
 
 from devkit.broker import Mosquitto, free_port  # noqa: E402
 from devkit.ingest_helpers import IngestProc  # noqa: E402
+from devkit.store_helpers import append  # noqa: E402
 from pubcomp.gateway.credentials import hash_password  # noqa: E402
 from pubcomp.gateway.intake import Intake  # noqa: E402
 from pubcomp.gateway.status import fetch as fetch_status  # noqa: E402
@@ -218,9 +219,12 @@ def fill(db: Path, n: int) -> None:
     with Store(db, gateway_id="gw-bench") as store:
         chunk = 100_000
         for start in range(0, n, chunk):
-            store.append(
-                Reading(f"s{i % 10}", float(i), "2026-11-21T00:00:00.000Z", "C")
-                for i in range(start, min(n, start + chunk))
+            append(
+                store,
+                (
+                    Reading(f"s{i % 10}", float(i), "2026-11-21T00:00:00.000Z", "C")
+                    for i in range(start, min(n, start + chunk))
+                ),
             )
 
 

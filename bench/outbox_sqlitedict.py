@@ -54,6 +54,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # devkit/ and pubcomp run from the checkout
 
+from devkit.store_helpers import append, apply, begin  # noqa: E402
 from pubcomp.sync.session import OutState  # noqa: E402
 from pubcomp.sync.store import Message, Reading, Store  # noqa: E402
 
@@ -89,20 +90,20 @@ class StoreOutbox:
         self.msgs: dict[str, tuple[int, int]] = {}  # reading id -> (seq, packet id)
 
     def queue(self, r: dict[str, Any]) -> None:
-        first, _ = self.store.append([Reading(r["sensor"], r["value"], r["ts"], r["unit"])])
+        first, _ = append(self.store, [Reading(r["sensor"], r["value"], r["ts"], r["unit"])])
         self.msgs[r["id"]] = (first, 0)
 
     def in_flight(self, rid: str, packet_id: int) -> None:
         seq, _ = self.msgs[rid]
         msg = Message(0, packet_id, 2, OutState.QUEUED, TOPIC, seq, seq)
-        self.store.begin_messages(SESSION, [msg])
+        begin(self.store, SESSION, [msg])
         self.msgs[rid] = (seq, packet_id)
 
     def released(self, rid: str) -> None:
-        self.store.apply(SESSION, released=[self.msgs[rid][1]])
+        apply(self.store, SESSION, released=[self.msgs[rid][1]])
 
     def done(self, rid: str) -> None:
-        self.store.apply(SESSION, completed=[self.msgs.pop(rid)[1]])
+        apply(self.store, SESSION, completed=[self.msgs.pop(rid)[1]])
 
     def close(self) -> None:
         self.store.close()
@@ -223,7 +224,7 @@ def where_after_crash(system: str, order: str, work: Path) -> str:
     if system == "pubcomp":
         with Store(path) as store:
             _, _, msgs = store.load_session(SESSION)
-            waiting = store.oldest_seq() > store.high_seq()
+            waiting = store.oldest_undelivered_seq() > store.taken_seq()
         queued, flying = waiting and not msgs, bool(msgs)
     else:
         from sqlitedict import SqliteDict

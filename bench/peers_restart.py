@@ -72,6 +72,7 @@ from paho.mqtt.properties import Properties  # noqa: E402
 from devkit.broker import Mosquitto, mosquitto_binary  # noqa: E402
 from devkit.checker import Checker  # noqa: E402
 from devkit.link import Forwarder  # noqa: E402
+from devkit.store_helpers import append  # noqa: E402
 
 PUBLISH, PUBREC, PUBREL, PUBCOMP = 3, 5, 6, 7
 UP, DOWN = "publisher -> broker", "broker -> publisher"
@@ -403,7 +404,7 @@ def prepare(system: str, work: Path, n: int) -> set[str]:
         # never split between messages, so --batch 1 then means one reading per message.
         with Store(work / "gw.db", gateway_id="peers") as store:
             seqs = [
-                store.append([Reading(f"s{i % 7}", float(i), "2026-11-24T00:00:00.000Z", "C")])[0]
+                append(store, [Reading(f"s{i % 7}", float(i), "2026-11-24T00:00:00.000Z", "C")])[0]
                 for i in range(n)
             ]
             return {f"peers/{store.epoch}/{seq}" for seq in seqs}

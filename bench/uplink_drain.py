@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))  # devkit/ runs from the checkout
 import paho.mqtt.client as mqtt  # noqa: E402
 
 from devkit.broker import Mosquitto  # noqa: E402
+from devkit.store_helpers import append  # noqa: E402
 from pubcomp.sync.client import ConnectOptions  # noqa: E402
 from pubcomp.sync.store import Reading, Store  # noqa: E402
 from pubcomp.sync.uplink import Uplink, UplinkConfig  # noqa: E402
@@ -64,11 +65,12 @@ def fill(path: Path, n: int) -> Store:
     store = Store(path, gateway_id="gw-bench")
     chunk = 50_000
     for start in range(0, n, chunk):
-        store.append(
+        append(
+            store,
             [
                 Reading(f"s{i % 50}", i * 0.001, "2026-11-21T12:00:00.000Z", "C")
                 for i in range(start, min(n, start + chunk))
-            ]
+            ],
         )
     store.checkpoint()  # start the measurement with an empty WAL
     return store

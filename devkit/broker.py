@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,17 +20,39 @@ from pathlib import Path
 _handed_out: set[int] = set()
 
 
+# Ports are handed out below the kernel's ephemeral range (32768 and up by default), so
+# no outgoing connection takes one between its choice and its bind, and each pytest-xdist
+# worker has a slice of its own, so two workers never pick the same one.
+_PORTS_LOW, _PORTS_HIGH = 10_000, 32_000
+
+
+def _port_slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    size = (_PORTS_HIGH - _PORTS_LOW) // max(count, 1)
+    start = _PORTS_LOW + (index % max(count, 1)) * size
+    return range(start, start + size)
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now, and never one this process had before:
     the kernel may give the same port to two binds in a row once the first is closed,
     and a gateway with its plaintext and TLS listeners on one port does not start."""
-    while True:
+    ports = _port_slice()
+    offset = random.randrange(len(ports))
+    for i in range(len(ports)):
+        port = ports[(offset + i) % len(ports)]
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {ports}")
 
 
 def mosquitto_binary() -> str:

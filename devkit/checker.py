@@ -134,3 +134,36 @@ def exactly_once_report(counts: collections.Counter[str], expected: set[str]) ->
         "missing_sample": sorted(missing)[:5],
         "dup_sample": sorted(dups.items())[:5],
     }
+
+
+class Recorder:
+    """Every message on a topic filter as paho-mqtt received it, (topic, payload): what a
+    test reads when it checks the payloads themselves, not only the reading ids."""
+
+    def __init__(self, port: int, topic: str = "telemetry/#", client_id: str = "recorder"):
+        self._got: list[tuple[str, bytes]] = []
+        self._lock = threading.Lock()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+        self.client.on_message = lambda _c, _u, m: self._add(m.topic, m.payload)
+        subscribed = threading.Event()
+        self.client.on_subscribe = lambda *_: subscribed.set()
+        self.client.on_connect = lambda c, *_: c.subscribe(topic, qos=2)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        if not subscribed.wait(10):
+            raise RuntimeError("recorder did not subscribe")
+
+    def _add(self, topic: str, payload: bytes) -> None:
+        with self._lock:
+            self._got.append((topic, payload))
+
+    def messages(self) -> list[tuple[str, bytes]]:
+        with self._lock:
+            return list(self._got)
+
+    def payloads(self, suffix: str = "/readings") -> list[bytes]:
+        return [p for t, p in self.messages() if t.endswith(suffix)]
+
+    def stop(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()

@@ -40,6 +40,7 @@ from .checker import Checker
 from .demorig import SensorBench
 from .link import LinkProxy
 from .node import HostNode, node_config
+from .procs import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "examples" / "demo-fleet.yaml"
@@ -90,7 +91,7 @@ class Demo:
         cmd += ["--roll-s", "2", "--keepalive", "5"]
         with (self.out / "ingest.log").open("a") as log:
             self.ingest = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
-        self.stack.callback(_stop, self.ingest)
+        self.stack.callback(stop, self.ingest)
 
     def start_gateway(self) -> None:
         with (self.out / "gateway.log").open("a") as log:
@@ -110,7 +111,7 @@ class Demo:
                 stderr=subprocess.STDOUT,
                 env=self.gateway_env,
             )
-        self.stack.callback(_stop, self.gateway)
+        self.stack.callback(stop, self.gateway)
         deadline = time.monotonic() + 30
         while self.status() is None:
             if self.gateway.poll() is not None or time.monotonic() > deadline:
@@ -296,16 +297,6 @@ def wait_for(pred: Callable[[], bool], timeout: float) -> bool:
             return True
         time.sleep(0.2)
     return pred()
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def main() -> int:

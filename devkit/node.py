@@ -9,6 +9,7 @@ device. Used by the demo, the tests and the benchmarks; needs a checkout
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -49,6 +50,13 @@ class HostNode:
         self.node = cfg["node"]["id"]
         self.log = flash.parent / f"{flash.name}.log"
         self.proc: subprocess.Popen[str] | None = None
+        self.env: dict[str, str] = {}  # e.g. PUBCOMP_ESP32_DIR: an ESP32 with OTA partitions
+
+    def esp32(self) -> Path:
+        """Make this board an ESP32 with two OTA partitions (firmware/host/standins/esp32.py)."""
+        part = self.flash.parent / f"{self.flash.name}.partitions"
+        self.env["PUBCOMP_ESP32_DIR"] = str(part)
+        return part
 
     def start(self) -> HostNode:
         with self.log.open("a") as log:
@@ -57,6 +65,7 @@ class HostNode:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 text=True,
+                env={**os.environ, **self.env},
             )
         return self
 

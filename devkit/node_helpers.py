@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from .node import HostNode
@@ -33,3 +35,51 @@ def wait_until(pred: Any, timeout: float, step: float = 0.05) -> bool:
             return True
         time.sleep(step)
     return bool(pred())
+
+
+RESET_EXIT = 76  # firmware/host/standins/machine.py: machine.reset()
+WDT_EXIT = 3  # the watchdog fired
+
+
+class Board(NodeProc):
+    """A host-port board that starts again after machine.reset(), its watchdog or a deep
+    sleep, as hardware does, until ``stop()``; ``starts`` counts the boots it ran."""
+
+    def __init__(self, flash: Path, cfg: dict[str, Any]) -> None:
+        super().__init__(flash, cfg)
+        self.starts = 0
+        self.exits: list[int] = []
+        self._stop = threading.Event()
+        self._cut = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run(self) -> Board:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"board-{self.node}")
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.starts += 1
+            self.start()
+            assert self.proc is not None
+            code = self.proc.wait()
+            self.exits.append(code)
+            if self._stop.is_set():
+                return
+            if self._cut.is_set():
+                self._cut.clear()  # the power comes back
+            elif code not in (RESET_EXIT, WDT_EXIT, DEEPSLEEP_EXIT):
+                return  # deep sleep's wake is a boot too
+
+    def power_cut(self) -> None:
+        """SIGKILL (RAM goes; the host's page cache keeps what was written): it boots again."""
+        self._cut.set()
+        self.kill()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.kill()
+        if self._thread is not None:
+            self._thread.join(10)

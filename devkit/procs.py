@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 _live: list[subprocess.Popen[str]] = []
 
@@ -18,3 +19,14 @@ def kill_stray() -> None:
             p.kill()
             p.wait()
     _live.clear()
+
+
+def stop(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
+    """SIGTERM, and SIGKILL if it has not ended within ``timeout``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -11,6 +11,7 @@ from pathlib import Path
 from pubcomp.sync.store import Reading, Store
 
 from . import hooked
+from .store_helpers import append
 
 
 def fill_store(path: Path, n: int, gateway: str = "gw1") -> set[str]:
@@ -19,9 +20,12 @@ def fill_store(path: Path, n: int, gateway: str = "gw1") -> set[str]:
     with Store(path, gateway_id=gateway) as store:
         seqs: list[int] = []
         for start in range(0, n, 5):
-            first, last = store.append(
-                Reading(f"s{i % 7}", float(i), f"2026-11-21T00:00:{i % 60:02d}.000Z", "C")
-                for i in range(start, min(n, start + 5))
+            first, last = append(
+                store,
+                (
+                    Reading(f"s{i % 7}", float(i), f"2026-11-21T00:00:{i % 60:02d}.000Z", "C")
+                    for i in range(start, min(n, start + 5))
+                ),
             )
             seqs += range(first, last + 1)
         return {f"{gateway}/{store.epoch}/{seq}" for seq in seqs}

@@ -1,7 +1,18 @@
-# Runs first at every boot: bring Wi-Fi up (bounded wait; main.py keeps trying).
+# Runs first at every boot: pick the set of application files (pubboot.py: a
+# pending update is tried once, a failed one rolled back), then bring Wi-Fi up
+# (bounded wait; main.py keeps trying). The set is picked before anything of it
+# is imported: MicroPython keeps modules imported here for main.py.
 import sys
 
 sys.path.append("/lib")
+
+try:
+    import pubboot
+
+    pubboot.select()
+    pubboot.select_image()
+except Exception as e:  # noqa: BLE001 - the factory set in /lib runs instead
+    print("boot: software selection failed: %r" % e)
 
 try:
     from pubnode import config

@@ -2,9 +2,12 @@
 # Deploy the node firmware to a board running MicroPython:
 #   firmware/deploy.sh /dev/ttyACM0 [config.json]
 # Compiles the library to .mpy (smaller, loads without parsing on the board),
-# copies it with boot.py, main.py and the config, installs umqtt.simple with
-# mip, and resets the board. boot.txt and spill/ on the board are kept: they
-# are the node's identity and what it still owes the gateway.
+# copies it with boot.py, main.py, pubboot.py and the config, installs
+# umqtt.simple with mip, and resets the board. boot.txt and spill/ on the board
+# are kept: they are the node's identity and what it still owes the gateway.
+# Sets of files the gateway sent (sets/) are dropped, so the library copied
+# here is what runs (version 0); sets/bad stays, so a version rolled back on
+# this board is still never taken again.
 set -eu
 
 PORT=${1:?usage: deploy.sh PORT [config.json]}
@@ -31,7 +34,10 @@ for d in ('lib', 'lib/pubnode', 'lib/pubnode/sensors'):
 for f in $(cd "$BUILD" && find lib -name '*.mpy'); do
     mpremote connect "$PORT" cp "$BUILD/$f" ":$f"
 done
-mpremote connect "$PORT" cp "$HERE/boot.py" :boot.py + cp "$HERE/main.py" :main.py
+mpremote connect "$PORT" cp "$HERE/boot.py" :boot.py + cp "$HERE/main.py" :main.py \
+    + cp "$HERE/pubboot.py" :pubboot.py
+mpremote connect "$PORT" exec "import pubboot
+pubboot.factory()"
 if [ -n "$CONFIG" ]; then
     mpremote connect "$PORT" cp "$CONFIG" :config.json
 fi

@@ -1,5 +1,5 @@
 """Commands of the gateway part: ``pubcomp config``, ``pubcomp gateway run|make-cert``,
-``pubcomp node provision``, ``pubcomp status``."""
+``pubcomp node provision|update``, ``pubcomp status``."""
 
 from __future__ import annotations
 
@@ -66,6 +66,51 @@ def register(sub: Any) -> None:
         help="no TLS: the node's password crosses Wi-Fi in clear",
     )
     pv.set_defaults(handler=_run_in("provision", "provision_command"))
+
+    up = nsub.add_parser(
+        "update",
+        help="new software for nodes, through the gateway, in waves (run on the gateway)",
+    )
+    _fleet_args(up)
+    which = up.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--node", action="append", metavar="NODE-ID", help="a node to update (repeatable)"
+    )
+    which.add_argument("--all", action="store_true", help="every node of the gateway")
+    up.add_argument(
+        "--files",
+        required=True,
+        metavar="DIR|VERSION",
+        help="the library to offer (firmware/lib: compiled with mpy-cross), an ESP32 image "
+        "(--format image), or the version of a set made before",
+    )
+    up.add_argument(
+        "--format",
+        choices=("mpy", "py", "image"),
+        default="mpy",
+        help="mpy (default: as deploy.sh copies), py (sources: the host port, or any board), "
+        "or image (--files is a MicroPython app image for an ESP32's OTA partition)",
+    )
+    up.add_argument("--label", help="what the set is, as the status shows it (default: its path)")
+    up.add_argument(
+        "--waves",
+        default="1,100%",
+        help="cumulative wave ends, counts or shares of the nodes (default 1,100%%: a canary)",
+    )
+    up.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds a wave may take (default 900)"
+    )
+    up.add_argument(
+        "--max-failures",
+        type=int,
+        default=0,
+        help="failed nodes a wave may have before the rollout halts (default 0)",
+    )
+    up.add_argument(
+        "--chunk", type=int, default=1024, help="bytes per chunk (default 1024; 64-16384)"
+    )
+    up.add_argument("--no-wait", action="store_true", help="offer to every node at once and exit")
+    up.set_defaults(handler=_run_in("nodeupdate", "node_update"))
 
     st = sub.add_parser("status", help="the running gateway's state, as a table")
     _fleet_args(st)

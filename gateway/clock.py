@@ -52,7 +52,7 @@ def kernel_synced() -> bool | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         timex = ctypes.create_string_buffer(512)  # struct timex is 208 bytes; modes=0 reads only
-        state = libc.adjtimex(timex)
+        state: int = libc.adjtimex(timex)
     except (OSError, AttributeError):
         return None
     if state < 0:

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, Fleet, GatewayConfig
+from pubcomp.sync.exitcodes import EXIT_NOT_RUNNING, EXIT_STORE_UNWRITABLE, EXIT_USAGE
+
+from .config import Fleet, GatewayConfig
 from .credentials import hash_password as _hash
+from .errors import ConfigError, IngressConfigError
 
 
 def config_check(args: argparse.Namespace) -> int:
@@ -76,10 +79,6 @@ def _listeners(cfg: GatewayConfig) -> dict[int, str]:
     return ports
 
 
-# EX_TEMPFAIL (sysexits.h): the store's card refuses writes; trying again later may work.
-EXIT_STORE_UNWRITABLE = 75
-
-
 def gateway_run(args: argparse.Namespace) -> int:
     level = args.log_level.upper()
     if level not in LOG_LEVELS:
@@ -94,7 +93,6 @@ def gateway_run(args: argparse.Namespace) -> int:
     if cfg is None:
         return 1
     from ..sync.store import StoreUnwritable
-    from .ingress import IngressConfigError
     from .service import run
     from .status import fetch
 
@@ -140,7 +138,7 @@ def gateway_run(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from .status import EXIT_NOT_RUNNING, EXIT_USAGE, fetch, not_running_hint, render, verdict
+    from .status import fetch, not_running_hint, render, verdict
 
     cfg = _load(args)
     if cfg is None:

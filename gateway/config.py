@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,18 +36,12 @@ from pydantic import (
     model_validator,
 )
 
-from pubcomp.sensors.registry import TYPES as SENSOR_TYPES
+from pubcomp.sensors.registry import SensorOptions, sensor_types
 from pubcomp.sync.wire import parse_key
 
+from .errors import ConfigError
+
 Pos = dict[tuple[Any, ...], int]  # key path -> 1-based line
-
-
-class ConfigError(Exception):
-    """One or more problems; ``problems`` are ready-to-print lines."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 # ------------------------------------------------------------------ models
@@ -220,90 +215,20 @@ class StatusSection(_Model):
 GpioName = Literal["auto", "rpigpio", "gpiozero", "simulated"]
 
 
-class _Sensor(_Model):
-    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+# Each sensor type's options model is declared by its driver module (sensors/registry.py);
+# the fleet file's `sensors:` entries are their union, told apart by `type`.
+_SENSOR_MODELS: dict[str, type[SensorOptions]] = {
+    name: kind.options for name, kind in sensor_types().items()
+}
+SENSOR_TYPES = tuple(_SENSOR_MODELS)
 
-
-class PulseSensor(_Sensor):
-    type: Literal["pulse"]
-    pin: Annotated[int, Field(ge=0, le=53)]
-    pull: Literal["up", "down", "none"] = "up"
-    edge: Literal["falling", "rising"] = "falling"
-    debounce_s: Annotated[float, Field(ge=0)] = 0.01
-    scale: float = 1.0
-    unit: str = "pulses"
-    interval_s: Annotated[float, Field(gt=0)] = 60.0
-    # Only with `gpio: simulated` (demo, development): pulses a second to fake.
-    simulated_rate_hz: Annotated[float, Field(ge=0)] = 0.5
-
-
-class DigitalSensor(_Sensor):
-    type: Literal["digital"]
-    pin: Annotated[int, Field(ge=0, le=53)]
-    pull: Literal["up", "down", "none"] = "up"
-    active_low: bool = True
-    debounce_s: Annotated[float, Field(ge=0)] = 0.05
-    heartbeat_s: Annotated[float, Field(gt=0)] = 300.0
-
-
-class DS18B20Sensor(_Sensor):
-    type: Literal["ds18b20"]
-    interval_s: Annotated[float, Field(gt=0)] = 30.0
-    devices: list[str] | None = None
-    names: dict[str, str] | None = None
-    base: str | None = None
-
-
-class SerialSensorConfig(_Sensor):
-    type: Literal["pms5003", "sds011", "nmea"]
-    port: str
-    baud: int | None = None
-    interval_s: Annotated[float, Field(ge=0)] = 60.0
-    silence_s: Annotated[float, Field(gt=0)] = 10.0
-
-
-class RegisterConfig(_Model):
-    name: str
-    address: Annotated[int, Field(ge=0, le=65535)]
-    kind: Literal["holding", "input"] = "holding"
-    type: Literal["uint16", "int16", "uint32", "int32", "float32"] = "uint16"
-    scale: float = 1.0
-    unit: str | None = None
-    word_order: Literal["big", "little"] = "big"
-    value_kind: Literal["gauge", "counter", "total"] = "gauge"
-
-
-class ModbusSensor(_Sensor):
-    type: Literal["modbus"]
-    port: str
-    baud: int = 9600
-    unit_id: Annotated[int, Field(ge=0, le=247)] = 1
-    interval_s: Annotated[float, Field(gt=0)] = 10.0
-    timeout_s: Annotated[float, Field(gt=0)] = 1.0
-    registers: Annotated[list[RegisterConfig], Field(min_length=1)]
-
-
-class SimulatedSensorConfig(_Sensor):
-    type: Literal["simulated"]
-    signal: Literal["sine", "random_walk", "counter"] = "sine"
-    unit: str | None = None
-    interval_s: Annotated[float, Field(gt=0)] = 1.0
-    base: float = 20.0
-    amplitude: float = 5.0
-    period_s: Annotated[float, Field(gt=0)] = 600.0
-    step: float = 0.1
-    seed: int | None = None
-
-
-SensorConfig = Annotated[
-    PulseSensor
-    | DigitalSensor
-    | DS18B20Sensor
-    | SerialSensorConfig
-    | ModbusSensor
-    | SimulatedSensorConfig,
-    Field(discriminator="type"),
-]
+if typing.TYPE_CHECKING:
+    SensorConfig = SensorOptions
+else:
+    SensorConfig = Annotated[
+        typing.Union[tuple(dict.fromkeys(_SENSOR_MODELS.values()))],  # noqa: UP007
+        Field(discriminator="type"),
+    ]
 
 
 class NodeConfig(_Model):
@@ -498,20 +423,6 @@ def _strip_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     )
 
 
-_SENSOR_MODELS: dict[str, type[BaseModel]] = {
-    "pulse": PulseSensor,
-    "digital": DigitalSensor,
-    "ds18b20": DS18B20Sensor,
-    "pms5003": SerialSensorConfig,
-    "sds011": SerialSensorConfig,
-    "nmea": SerialSensorConfig,
-    "modbus": ModbusSensor,
-    "simulated": SimulatedSensorConfig,
-}
-if set(_SENSOR_MODELS) != set(SENSOR_TYPES):  # a driver added without its config model
-    raise ImportError(f"sensor config models {sorted(_SENSOR_MODELS)} != drivers {SENSOR_TYPES}")
-
-
 class Fleet:
     """A parsed fleet file: ``gateway(id)`` gives one gateway's effective config."""
 
@@ -519,7 +430,10 @@ class Fleet:
         self.path = Path(path)
         data, self.pos = load_yaml(self.path)
         errs: list[str] = []
-        where = lambda p: f"{self.path}:{_line(self.pos, p)}"  # noqa: E731
+
+        def where(p: tuple[Any, ...]) -> str:
+            return f"{self.path}:{_line(self.pos, p)}"
+
         if not isinstance(data, dict):
             raise ConfigError([f"{self.path}:1: expected a mapping with {', '.join(TOP_KEYS)}"])
         for key in data:
@@ -624,7 +538,11 @@ class Fleet:
 
     def _check_unique(self, gid: str, cfg: GatewayConfig) -> list[str]:
         errs = []
-        for kind, items in (("sensors", cfg.sensors), ("nodes", cfg.nodes)):
+        groups: tuple[tuple[str, Sequence[SensorOptions | NodeConfig]], ...] = (
+            ("sensors", cfg.sensors),
+            ("nodes", cfg.nodes),
+        )
+        for kind, items in groups:
             seen: dict[str, int] = {}
             for i, item in enumerate(items):
                 if item.id in seen:
@@ -637,10 +555,7 @@ class Fleet:
         return errs
 
 
-def sensor_options(sensor: Any) -> dict[str, Any]:
-    """A sensor entry as driver keyword arguments (for sensors.registry.build)."""
-    # simulated_rate_hz drives fake pins; the gateway reads it, the driver never sees it.
-    opts = sensor.model_dump(exclude={"id", "type", "simulated_rate_hz"}, exclude_none=True)
-    if "registers" in opts:
-        opts["registers"] = [dict(r) for r in opts["registers"]]
-    return opts
+def sensor_options(sensor: SensorOptions) -> dict[str, Any]:
+    """A sensor entry's options as a mapping (sensors.registry.build takes them so, as
+    ``pubcomp sensor test --option`` gives them)."""
+    return sensor.model_dump(exclude={"id", "type"}, exclude_none=True)

@@ -81,7 +81,7 @@ class Decaying:
         if got is None:
             return 0.0
         value, at = got
-        return value * 0.5 ** ((self._clock() - at) / self.half_life)
+        return float(value * 0.5 ** ((self._clock() - at) / self.half_life))
 
     def last(self, key: str) -> tuple[float, float] | None:
         """(the count when last added to, when): None if not kept."""

@@ -20,13 +20,18 @@ from typing import Any
 from pubcomp.sensors.api import ClockFix, Driver, SensorFault, SensorReading
 from pubcomp.sensors.pins import PinFactory
 from pubcomp.sensors.pins.simulated import SIMULATED, SimulatedFactory
-from pubcomp.sensors.pulse import PulseCounter
-from pubcomp.sensors.registry import build
-from pubcomp.sync.client import Backoff
+from pubcomp.sensors.registry import (
+    NEED_OPTION,
+    Need,
+    Provided,
+    SensorOptions,
+    build_from,
+    get,
+)
+from pubcomp.sync.backoff import Backoff
 from pubcomp.sync.store import Reading
 
 from .clock import ClockWatch
-from .config import sensor_options
 from .intake import Intake
 
 log = logging.getLogger(__name__)
@@ -37,7 +42,8 @@ RESTART_CAP_S = 300.0
 
 
 def pulses_key(sensor: str) -> str:
-    return f"pulses_total/{sensor}"
+    """Where a pulse counter's running total is kept in the store (Need.STATE)."""
+    return get("pulse").saved_key(sensor)
 
 
 @dataclass
@@ -78,6 +84,7 @@ class IntakeSink:
         self.intake = intake
         self.driver: Driver | None = None
         self.simulated = False  # its pins are gpio: simulated's: every reading says so
+        self.state_key: str | None = None  # its type needs saved state: kept here
 
     def reading(self, r: SensorReading) -> None:
         ts, flags = self.watch.stamp(r.mono)
@@ -87,9 +94,11 @@ class IntakeSink:
         self.intake.add(Reading(r.sensor, r.value, ts, r.unit, None, flags, kind=r.kind))
         self.status.readings += 1
         self.status.last[r.sensor] = (r.value, r.unit, ts)
-        if isinstance(self.driver, PulseCounter):
-            # Committed with this reading, so a restart resumes the total it reported.
-            self.intake.set_state(pulses_key(self.driver.sensor), str(self.driver.pulses_total))
+        if self.state_key is not None and self.driver is not None:
+            # Committed with this reading, so a restart resumes from what it reported.
+            state = self.driver.saved_state()
+            if state is not None:
+                self.intake.set_state(self.state_key, state)
 
     def fault(self, f: SensorFault) -> None:
         self.status.faults[f.kind] += 1
@@ -103,7 +112,7 @@ class Drivers:
 
     def __init__(
         self,
-        sensors: list[Any],
+        sensors: list[SensorOptions],
         gpio: Callable[[], PinFactory],
         intake: Intake,
         clock: ClockWatch,
@@ -125,25 +134,30 @@ class Drivers:
         if self._gpio is not None:
             self._gpio.close()
 
-    def _build(self, cfg: Any) -> Driver:
-        opts = sensor_options(cfg)
-        if cfg.type == "pulse":
-            saved = self.intake.store.get_state(pulses_key(cfg.id))
-            opts["start_pulses"] = int(saved) if saved else 0
-        fake_rate = getattr(cfg, "simulated_rate_hz", 0)
+    def _build(self, cfg: SensorOptions) -> Driver:
+        """The driver for one entry, given what its type needs (sensors/registry.py)."""
+        kind = get(cfg.type)
         gpio = None
-        if cfg.type in ("pulse", "digital"):
+        if Need.GPIO in kind.needs:
             if self._gpio is None:
                 self._gpio = self._gpio_factory()
             gpio = self._gpio
-        driver = build(cfg.type, cfg.id, opts, gpio)
+        saved = None
+        if Need.STATE in kind.needs:
+            saved = self.intake.store.get_state(kind.saved_key(cfg.id))
+        driver = build_from(cfg, Provided(gpio=gpio, saved=saved))
+        # gpio: simulated (the demo): a type that can fake its input says how much.
+        fake_rate = getattr(cfg, "simulated_rate_hz", 0)
         if isinstance(gpio, SimulatedFactory) and fake_rate:
-            gpio.pins[cfg.pin].pulse(fake_rate)
+            gpio.pins[getattr(cfg, NEED_OPTION[Need.GPIO])].pulse(fake_rate)
         return driver
 
-    async def _supervise(self, cfg: Any) -> None:
+    async def _supervise(self, cfg: SensorOptions) -> None:
         status = self.status[cfg.id]
         sink = IntakeSink(self.intake, self.clock, status, self.on_clock)
+        kind = get(cfg.type)
+        if Need.STATE in kind.needs:
+            sink.state_key = kind.saved_key(cfg.id)
         backoff = Backoff(base=RESTART_BASE_S, cap=RESTART_CAP_S)
         while True:
             started = time.monotonic()
@@ -152,9 +166,8 @@ class Drivers:
                 if driver is None:
                     driver = self.drivers[cfg.id] = self._build(cfg)
                 sink.driver = driver
-                sink.simulated = isinstance(self._gpio, SimulatedFactory) and cfg.type in (
-                    "pulse",
-                    "digital",
+                sink.simulated = Need.GPIO in kind.needs and isinstance(
+                    self._gpio, SimulatedFactory
                 )
                 status.state = "running"
                 await driver.run(sink)

@@ -15,7 +15,8 @@ lost in a cut is replaced by the next one.
 
 What it says is ``Gateway.snapshot()`` (the same figures as ``pubcomp status``,
 ``/status.json`` and ``/metrics``) and ``status.verdict()`` (the same headline
-and exit code), projected onto the wire format; nothing is computed twice.
+and exit code), projected onto the message's model (sync/gatewaystatus.py, from
+which its JSON Schema is derived); nothing is computed twice.
 
 When: at each connection; when something an operator acts on changes (the
 uplink's state, old readings waiting or not and, while they wait, the backlog;
@@ -29,7 +30,6 @@ store figures that sample already read.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
@@ -40,6 +40,22 @@ import aiomqtt
 
 from pubcomp import __version__
 from pubcomp.sync.client import Backoff, BrokerURL, TLSOptions
+from pubcomp.sync.gatewaystatus import (
+    STATUS_V,
+    ClockStatus,
+    FlashStatus,
+    NodeStatus,
+    OfflineReason,
+    OfflineStatus,
+    OnlineReason,
+    OnlineStatus,
+    SensorStatus,
+    StoreStatus,
+    UplinkStatus,
+    Verdict,
+    dumps,
+)
+from pubcomp.sync.running import reconnecting
 
 from .clock import iso
 from .config import GatewayConfig
@@ -47,7 +63,6 @@ from .status import verdict
 
 log = logging.getLogger(__name__)
 
-STATUS_V = 1
 OLD_S = 60.0  # readings waiting this long count as "held", and the backlog is then watched
 QUOTA_WARN = 0.9  # the store past this share of its quota is a change worth sending
 PUBLISH_TIMEOUT_S = 10.0
@@ -61,83 +76,81 @@ def _iso(t: float | None) -> str | None:
 
 
 def status_message(
-    snap: dict[str, Any], *, msg_id: str, reason: str, started: float
-) -> dict[str, Any]:
-    """A snapshot as a status message (``gateway-status.v1.json``)."""
+    snap: dict[str, Any], *, msg_id: str, reason: OnlineReason, started: float
+) -> OnlineStatus:
+    """A snapshot as a status message (sync/gatewaystatus.py)."""
     level, headline, code = verdict(snap)
     up, st, clk = snap["uplink"], snap["store"], snap["clock"]
     flash = snap.get("flash") or {}
-    nodes = {
-        nid: {
-            "connected": bool(n["connected"]),
-            "last_seen": _iso(n["last_seen"]),
-            "messages": n["messages"],
-            "rejected": sum(n["rejected"].values()),
-        }
-        for nid, n in sorted(snap["nodes"].items())
-    }
-    sensors = {
-        sid: {
-            "type": s["type"],
-            "state": s["state"],
-            "readings": s["readings"],
-            "faults": s["faults"],
-            "fault_kinds": s["fault_kinds"],
-            "restarts": s["restarts"],
-            "last_error": s["last_error"],
-            "last": s["last"],
-        }
-        for sid, s in sorted(snap["sensors"].items())
-    }
-    return {
-        "v": STATUS_V,
-        "gateway": snap["gateway"],
-        "fleet": snap["fleet"],
-        "id": msg_id,
-        "online": True,
-        "reason": reason,
-        "ts": iso(snap["time"]),
-        "version": __version__,
-        "started": iso(started),
-        "uptime_s": snap["uptime_s"],
-        "verdict": {"level": level, "headline": headline, "exit": code},
-        "problems": list(snap["health_problems"]),
-        "uplink": {
-            "state": up["state"],
-            "broker": up["broker"],
-            "qos": up["qos"],
-            "connected_since": _iso(up.get("connected_since")),
-            "down_since": _iso(up.get("down_since")),
-            "backlog": up["backlog"],
-            "inflight_messages": up["inflight_messages"],
-            "oldest_age_s": up["oldest_age_s"],
-            "drain_rate": up["drain_rate"],
-            "eta_s": up["eta_s"],
-            "delivered": up["delivered"],
-            "last_error": up.get("last_error_text") or up.get("last_error"),
-            "last_error_at": _iso(up.get("last_error_at")),
+    return OnlineStatus(
+        v=STATUS_V,
+        gateway=snap["gateway"],
+        fleet=snap["fleet"],
+        id=msg_id,
+        online=True,
+        reason=reason,
+        ts=iso(snap["time"]),
+        version=__version__,
+        started=iso(started),
+        uptime_s=snap["uptime_s"],
+        verdict=Verdict(level=level, headline=headline, exit=code),
+        problems=list(snap["health_problems"]),
+        uplink=UplinkStatus(
+            state=up["state"],
+            broker=up["broker"],
+            qos=up["qos"],
+            connected_since=_iso(up.get("connected_since")),
+            down_since=_iso(up.get("down_since")),
+            backlog=up["backlog"],
+            inflight_messages=up["inflight_messages"],
+            oldest_age_s=up["oldest_age_s"],
+            drain_rate=up["drain_rate"],
+            eta_s=up["eta_s"],
+            delivered=up["delivered"],
+            last_error=up.get("last_error_text") or up.get("last_error"),
+            last_error_at=_iso(up.get("last_error_at")),
             **_landing(up.get("end_to_end") or {}),
+        ),
+        store=StoreStatus(
+            bytes=st["store_bytes"],
+            quota_bytes=st["quota_bytes"],
+            disk_free_bytes=st["disk_free_bytes"],
+        ),
+        flash=FlashStatus(
+            bytes_per_day=flash.get("bytes_per_day"), life_years=flash.get("life_years")
+        ),
+        clock=ClockStatus(
+            source=clk["source"], synced=bool(clk["synced"]), corrections=clk["corrections"]
+        ),
+        sensors={
+            sid: SensorStatus(
+                type=s["type"],
+                state=s["state"],
+                readings=s["readings"],
+                faults=s["faults"],
+                fault_kinds=s["fault_kinds"],
+                restarts=s["restarts"],
+                last_error=s["last_error"],
+                last=s["last"],
+            )
+            for sid, s in sorted(snap["sensors"].items())
         },
-        "store": {
-            "bytes": st["store_bytes"],
-            "quota_bytes": st["quota_bytes"],
-            "disk_free_bytes": st["disk_free_bytes"],
+        nodes={
+            nid: NodeStatus(
+                connected=bool(n["connected"]),
+                last_seen=_iso(n["last_seen"]),
+                messages=n["messages"],
+                rejected=sum(n["rejected"].values()),
+                # the version of its application files (pubcomp node update), if it said
+                software=(n.get("software") or {}).get("version"),
+            )
+            for nid, n in sorted(snap["nodes"].items())
         },
-        "flash": {
-            "bytes_per_day": flash.get("bytes_per_day"),
-            "life_years": flash.get("life_years"),
-        },
-        "clock": {
-            "source": clk["source"],
-            "synced": bool(clk["synced"]),
-            "corrections": clk["corrections"],
-        },
-        "sensors": sensors,
-        "nodes": nodes,
-    }
+    )
 
 
 def _landing(e2e: dict[str, Any]) -> dict[str, Any]:
+    """End to end's fields, set only while it is on (unset fields are left out)."""
     if not e2e.get("enabled"):
         return {"end_to_end": False}
     return {
@@ -148,20 +161,20 @@ def _landing(e2e: dict[str, Any]) -> dict[str, Any]:
 
 
 def offline_message(
-    gateway: str, fleet: str, *, msg_id: str, reason: str, started: float, at: float
-) -> dict[str, Any]:
+    gateway: str, fleet: str, *, msg_id: str, reason: OfflineReason, started: float, at: float
+) -> OfflineStatus:
     """The Will (``reason: will``, ``ts`` the time its connection was made) or a clean stop."""
-    return {
-        "v": STATUS_V,
-        "gateway": gateway,
-        "fleet": fleet,
-        "id": msg_id,
-        "online": False,
-        "reason": reason,
-        "ts": iso(at),
-        "version": __version__,
-        "started": iso(started),
-    }
+    return OfflineStatus(
+        v=STATUS_V,
+        gateway=gateway,
+        fleet=fleet,
+        id=msg_id,
+        online=False,
+        reason=reason,
+        ts=iso(at),
+        version=__version__,
+        started=iso(started),
+    )
 
 
 def change_key(snap: dict[str, Any]) -> tuple[Any, ...]:
@@ -188,10 +201,6 @@ def change_key(snap: dict[str, Any]) -> tuple[Any, ...]:
         ),
         tuple((nid, n["connected"]) for nid, n in sorted(snap["nodes"].items())),
     )
-
-
-def _dumps(msg: dict[str, Any]) -> bytes:
-    return json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class StatusPublisher:
@@ -245,37 +254,46 @@ class StatusPublisher:
             protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
             clean_session=None if v5 else True,  # 5.0: clean start, no session expiry
             keepalive=up.keepalive or 30,
-            will=aiomqtt.Will(self.topic, _dumps(will), qos=1, retain=True),
+            will=aiomqtt.Will(self.topic, dumps(will), qos=1, retain=True),
             tls_context=tls.context() if self.url.tls else None,
             timeout=PUBLISH_TIMEOUT_S,
         )
 
     async def run(self) -> None:
-        backoff = Backoff(base=0.5, cap=60.0)
-        while True:
-            try:
-                async with self._client() as client:
-                    self.connected = True
-                    backoff.reset()
-                    if self.last_error:
-                        log.info("status link to %s is back", self.url)
-                    self.last_error = None
-                    try:
-                        await self._publish(client, await self.snapshot(self._stats), "connected")
-                        await self._loop(client)
-                    except asyncio.CancelledError:
-                        await self._stopped(client)
-                        raise
-            except aiomqtt.MqttError as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():  # a failed DISCONNECT while stopping
-                    raise asyncio.CancelledError from exc
-                if self.last_error is None:
-                    log.warning("status link to %s: %s (retrying)", self.url, exc)
-                self.last_error = str(exc)
-            finally:
-                self.connected = False
-            await asyncio.sleep(backoff.next_delay())
+        await reconnecting(
+            asyncio.Event(),  # never set: the gateway stops it by cancelling the task
+            self._connection,
+            self._failed,
+            backoff=Backoff(base=0.5, cap=60.0),
+            errors=(aiomqtt.MqttError,),
+        )
+
+    async def _connection(self, backoff: Backoff) -> None:
+        try:
+            async with self._client() as client:
+                self.connected = True
+                backoff.reset()
+                if self.last_error:
+                    log.info("status link to %s is back", self.url)
+                self.last_error = None
+                try:
+                    await self._publish(client, await self.snapshot(self._stats), "connected")
+                    await self._loop(client)
+                except asyncio.CancelledError:
+                    await self._stopped(client)
+                    raise
+        except aiomqtt.MqttError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # a failed DISCONNECT while stopping
+                raise asyncio.CancelledError from exc
+            raise
+        finally:
+            self.connected = False
+
+    def _failed(self, why: str, exc: BaseException) -> None:
+        if self.last_error is None:
+            log.warning("status link to %s: %s (retrying)", self.url, exc)
+        self.last_error = str(exc)
 
     async def _loop(self, client: aiomqtt.Client) -> None:
         st = self.cfg.status
@@ -305,12 +323,14 @@ class StatusPublisher:
         finally:
             lost.cancel()
 
-    async def _publish(self, client: aiomqtt.Client, snap: dict[str, Any], reason: str) -> None:
+    async def _publish(
+        self, client: aiomqtt.Client, snap: dict[str, Any], reason: OnlineReason
+    ) -> None:
         msg = status_message(snap, msg_id=self._next_id(), reason=reason, started=self.started)
-        await client.publish(self.topic, _dumps(msg), qos=1, retain=True)
+        await client.publish(self.topic, dumps(msg), qos=1, retain=True)
         self._last_key, self._last_at = change_key(snap), time.monotonic()
         self.published += 1
-        log.debug("status %s: %s", reason, msg["verdict"]["headline"])
+        log.debug("status %s: %s", reason, msg.verdict.headline)
 
     async def _stopped(self, client: aiomqtt.Client) -> None:
         """A clean stop says so (then the DISCONNECT keeps the Will from being sent)."""
@@ -324,7 +344,7 @@ class StatusPublisher:
         )
         try:
             await asyncio.wait_for(
-                client.publish(self.topic, _dumps(msg), qos=1, retain=True), STOP_TIMEOUT_S
+                client.publish(self.topic, dumps(msg), qos=1, retain=True), STOP_TIMEOUT_S
             )
         except (aiomqtt.MqttError, TimeoutError) as exc:
             log.warning("status: the offline message was not sent (%s); the Will says it", exc)

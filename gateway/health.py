@@ -21,6 +21,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
+from pubcomp.sync.tables import html_row, html_table
+
 from .ingress import CLOSED, REFUSED_CONNECTION, REFUSED_LOGIN
 
 log = logging.getLogger(__name__)
@@ -240,7 +242,8 @@ class HealthServer:
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        return self._server.sockets[0].getsockname()[1]
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     async def close(self) -> None:
         if self._server is not None:
@@ -306,7 +309,7 @@ _PLOT_TOP, _PLOT_H = 8, 130  # the plot area inside the chart's SVG, in px
 
 def _nice_step(top: float, ticks: int = 4) -> int:
     raw = max(top / ticks, 1.0)
-    mag = 10 ** len(str(int(raw))) // 10
+    mag: int = 10 ** len(str(int(raw))) // 10
     return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 
@@ -415,11 +418,8 @@ def _rows(pairs: Iterable[tuple[str, Any]]) -> str:
 def _table(tid: str, header: list[str], rows: list[list[str]], empty: str) -> str:
     if not rows:
         return f'<p id="{tid}" class="empty">{html.escape(empty)}</p>'
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
-    )
-    return f'<div class="scroll"><table id="{tid}"><tr>{head}</tr>{body}</table></div>'
+    table = html_table(header, (html_row(row) for row in rows), tid=tid)
+    return f'<div class="scroll">{table}</div>'
 
 
 _CSS = """
@@ -484,7 +484,7 @@ def status_page(
     )
     nodes = _table(
         "nodes",
-        ["node", "connected", "last seen", "messages", "rejected"],
+        ["node", "connected", "last seen", "messages", "rejected", "software"],
         node_rows(snap),
         "No nodes in this gateway's section of the fleet file (or its ingress is off).",
     )

@@ -7,6 +7,11 @@ file), its own topic only (``nodes/{id}/readings``), payload and rate limits,
 the wire format's JSON Schema. A bad message is rejected and counted; nothing
 a node sends can crash the gateway or hold up another node.
 
+Node software (issue 28; gateway/nodeoffer.py): a node may subscribe to its own
+``nodes/{id}/update`` and nothing else, and ask on ``nodes/{id}/update/req``;
+each request is a PUBLISH like any other (the same rate and window) and gets
+one answer, queued with the other replies. Nothing of it reaches the store.
+
 Exactly once: a message's key ``{node}/{boot}/{seq}`` is committed with its
 readings, so a repeated PUBLISH (a QoS 1 retry, a QoS 2 DUP, a retry after a
 gateway crash) is acknowledged and never stored twice. That makes QoS 2
@@ -68,7 +73,9 @@ from pubcomp.sync.store import Reading, StoreFull, StoreUnwritable
 
 from .config import IngressSection
 from .credentials import Verifier
+from .errors import ClientStalled, IngressConfigError
 from .intake import Intake
+from .nodeoffer import OfferServer
 from .ratelog import Summary
 
 log = logging.getLogger(__name__)
@@ -106,10 +113,6 @@ Reply = list[Packet] | asyncio.Future[list[Packet] | None]
 Queued = tuple[Reply, bool]
 
 
-class _Stalled(Exception):
-    """The peer read nothing for write_timeout_s: closed."""
-
-
 @dataclass(eq=False)
 class _Conn:
     """One admitted connection, as the limits see it."""
@@ -128,15 +131,13 @@ class NodeStats:
     readings: int = 0
     duplicates: int = 0
     rejected: collections.Counter[str] = field(default_factory=collections.Counter)
+    update_subscribed: bool = False  # this connection subscribed to nodes/{id}/update
+    software: dict[str, Any] | None = None  # what the node last said of it (nodeoffer.py)
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
-
-
-class IngressConfigError(Exception):
-    """The ingress cannot start as configured (one line: the key, the file, why)."""
 
 
 @dataclass
@@ -195,8 +196,10 @@ class Ingress:
         *,
         clock: Any = None,
         events: Summary | None = None,
+        updates: OfferServer | None = None,
     ) -> None:
         self.intake = intake
+        self.updates = updates  # node software offers; None: subscriptions refused
         self.node_hashes = nodes  # node id -> scrypt hash
         self.cfg = config
         # clock.stamp(mono) -> (ISO time, flags) for messages without a time of their own.
@@ -422,7 +425,7 @@ class Ingress:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(self.cfg.write_timeout_s):
                         await w.drain()
-        except _Stalled:
+        except ClientStalled:
             self.closed["write_stalled"] += 1
             if node:
                 self.stats[node].rejected["write_stalled"] += 1
@@ -452,6 +455,7 @@ class Ingress:
             if node and self._live.get(node) is w:
                 del self._live[node]
                 self.stats[node].connected = False
+                self.stats[node].update_subscribed = False
 
     async def _handshake(self, ls: Listener, w: asyncio.StreamWriter, address: str) -> bool:
         assert self._tls is not None
@@ -534,6 +538,7 @@ class Ingress:
         self._live[node] = w
         st = self.stats[node]
         st.connected = True
+        st.update_subscribed = False
         session = ReceiverSession(version)
         props = {}
         if version == MQTT_5:
@@ -591,12 +596,12 @@ class Ingress:
 
     async def _drain(self, w: asyncio.StreamWriter) -> None:
         """Wait while more than WRITE_HIGH bytes wait to be sent; a peer that reads none
-        of them for write_timeout_s is gone (or hostile): _Stalled."""
+        of them for write_timeout_s is gone (or hostile): ClientStalled."""
         try:
             async with asyncio.timeout(self.cfg.write_timeout_s):
                 await w.drain()
         except TimeoutError:
-            raise _Stalled from None
+            raise ClientStalled from None
 
     async def _read_packets(
         self,
@@ -679,12 +684,19 @@ class Ingress:
             wait = limiter.delay()
             if wait > 0:
                 # Backpressure instead of refusal: this node is slowed, others are not.
-                st.rejected["rate_limited"] += 1
+                if self.updates is not None and pkt.topic == f"nodes/{node}/update/req":
+                    self.updates.paced(node)  # a download at full speed: nothing was wrong
+                else:
+                    st.rejected["rate_limited"] += 1
                 await asyncio.sleep(wait)
             return await self._publish(node, pkt, session, version)
         if isinstance(pkt, Pingreq):
             return [Pingresp()]
         if isinstance(pkt, Subscribe):
+            wanted = [f"nodes/{node}/update"]
+            if self.updates is not None and [x.topic_filter for x in pkt.subscriptions] == wanted:
+                st.update_subscribed = True  # its software offers, at QoS 0
+                return [Suback(pkt.packet_id, [0])]
             st.rejected["subscribe"] += 1
             code = Reason.NOT_AUTHORIZED if version == MQTT_5 else 0x80
             return [Suback(pkt.packet_id, [code] * len(pkt.subscriptions))]
@@ -717,6 +729,8 @@ class Ingress:
         if not isinstance(outcome, Deliver):  # (a PUBLISH is always one or the other)
             raise ProtocolError(f"PUBLISH {pkt.packet_id}: {outcome}", Reason.PROTOCOL_ERROR)
         ack = outcome.ack
+        if self.updates is not None and pkt.topic == f"nodes/{node}/update/req":
+            return await self._update_request(node, pkt, ack)
         reason, readings, key = self._check(node, pkt)
         if reason is not None:
             st.rejected[reason[1]] += 1
@@ -735,6 +749,17 @@ class Ingress:
         else:
             st.duplicates += 1
         return [ack] if ack is not None else []
+
+    async def _update_request(self, node: str, pkt: Publish, ack: Packet | None) -> list[Packet]:
+        """A node's software request: its answer goes to its update topic (if subscribed)."""
+        assert self.updates is not None
+        st = self.stats[node]
+        answer = await self.updates.answer(node, pkt.payload, st.rejected)
+        st.software = self.updates.software.get(node)
+        out: list[Packet] = [] if ack is None else [ack]
+        if answer is not None and st.update_subscribed:
+            out.append(Publish(f"nodes/{node}/update", answer))
+        return out
 
     def _check(
         self, node: str, pkt: Publish

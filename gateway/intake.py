@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pubcomp.sync.errors import StoreFull, StoreUnwritable
 from pubcomp.sync.groupcommit import GroupCommit
-from pubcomp.sync.store import Reading, Store, StoreFull, StoreUnwritable
+from pubcomp.sync.store import Reading, Store
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,11 @@ the node's config.json (mode 0600): never to the terminal, a log or the fleet
 file. Provisioning a node that is already in the fleet file replaces its hash:
 that is password rotation.
 
+It also writes the node's **update key** (gateway/nodesets.py): derived from
+the password as the node derives it, in ``node-keys/{gateway}/{node}.key``
+beside the fleet file (mode 0600), for `pubcomp node update` to sign the
+node's software offers with. Rotating the password rotates the key.
+
 The fleet file is edited as text, one line at a time, so its comments, its
 flow-style entries and its layout stay as the operator wrote them (a YAML
 round-trip rewraps long flow mappings and re-indents sequences). The edit is
@@ -26,9 +31,11 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, Fleet, GatewayConfig, _Loader
+from .config import Fleet, GatewayConfig, _Loader
 from .credentials import hash_password
-from .tls import CertError, first_certificate, server_name
+from .errors import CertError, ConfigError, ProvisionError
+from .nodesets import key_file, update_key, write_key
+from .tls import first_certificate, server_name
 
 PASSWORD_BYTES = 24  # 32 URL-safe characters, 192 bits
 # A new node's settings (firmware/lib/pubnode/config.py DEFAULTS); a node that
@@ -46,10 +53,6 @@ NODE_DEFAULTS: dict[str, Any] = {
     "led": {"pin": None, "active_high": True},
     "sensors": [],
 }
-
-
-class ProvisionError(Exception):
-    """One line: the file, the key, what is wrong."""
 
 
 # ------------------------------------------------------------------ the fleet file
@@ -242,7 +245,9 @@ def node_config(
 
 
 def provision(args: argparse.Namespace) -> tuple[Path, bool, list[str]]:
-    """Do it; (config.json written, whether the node was new, notes for the operator)."""
+    """Do it; (config.json written, whether the node was new, notes for the operator).
+
+    The update key is written with the node's config.json, before the fleet file."""
     fleet_path = Path(args.config)
     try:
         fleet = Fleet(fleet_path)
@@ -297,10 +302,12 @@ def provision(args: argparse.Namespace) -> tuple[Path, bool, list[str]]:
     # would lock the node out; the other way round only wastes a password.
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_atomically(out_file, (json.dumps(new_cfg, indent=2) + "\n").encode(), 0o600)
+    key_path = key_file(fleet_path, gid, args.node)
+    write_key(key_path, update_key(password, args.node))
     mode = fleet_path.stat().st_mode & 0o777
     _write_atomically(fleet_path, new_text.encode("utf-8"), mode)
 
-    notes = []
+    notes = [f"update key: {key_path} (mode 0600; `pubcomp node update` signs with it)"]
     if not new_cfg["wifi"]["ssid"]:
         notes.append("wifi.ssid is empty: pass --wifi-ssid or edit the config")
     if not new_cfg["wifi"]["password"]:

@@ -22,14 +22,15 @@ import logging
 import os
 import shutil
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pubcomp.sensors.api import ClockFix
 from pubcomp.sensors.pins import make_factory
 from pubcomp.sync.client import ConnectOptions, TLSOptions
+from pubcomp.sync.errors import StoreError
 from pubcomp.sync.groupcommit import GroupCommit
 from pubcomp.sync.packets import MQTT_5, MQTT_311
-from pubcomp.sync.store import Store, StoreError
+from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
 from pubcomp.sync.wire import parse_key
 
@@ -42,6 +43,8 @@ from .fleetstatus import StatusPublisher
 from .health import HealthServer
 from .ingress import Ingress
 from .intake import Intake
+from .nodeoffer import OfferServer
+from .nodesets import state_dir
 from .notify import Notifier
 from .ratelog import Summary, SummaryFilter
 from .status import store_headline
@@ -52,7 +55,10 @@ log = logging.getLogger(__name__)
 CLOCK_POLL_S = 10.0
 SAMPLE_S = 2.0  # backlog history and STATUS= line (stretched if counting the backlog is slow)
 SEEN_KEEP_S = 7 * 24 * 3600  # node message keys kept for dedup: retries never come later
+PRUNE_WITHIN_S = 5.0  # forgetting old keys is never urgent: it rides a commit within this
 PROBE_TIMEOUT_S = 5.0
+# What is wrong, for decisions (the watchdog's); each comes with a sentence for people.
+Problem = Literal["task", "chore", "store_probe", "store_unwritable", "commit"]
 
 
 class Chores:
@@ -118,7 +124,7 @@ class Gateway:
             hold_if_unwritable=True,  # deliver what it holds (degraded) rather than exit
         )
         self.wear = Wear(cfg.store.flash_endurance_tbw)
-        self.first_new_seq = self.store.last_seq()  # readings above it were stamped by this run
+        self.first_new_seq = self.store.given_seq()  # readings above it were stamped by this run
         self.clock = clock or ClockWatch(kernel_check())
         audit = CommitLog(cfg.store.commit_log) if cfg.store.commit_log else None
         self.commit_log = audit
@@ -139,8 +145,9 @@ class Gateway:
         if cfg.ingress.enabled and cfg.nodes:
             hashes = {n.id: n.password_hash for n in cfg.nodes}
             self.ingress = Ingress(
-                self.intake, hashes, cfg.ingress, clock=self.clock, events=self.events
-            )
+                self.intake, hashes, cfg.ingress, clock=self.clock, events=self.events,
+                updates=OfferServer(state_dir(cfg), events=self.events),
+            )  # fmt: skip
         up = cfg.uplink
         self.uplink = Uplink(
             self.store,
@@ -272,7 +279,10 @@ class Gateway:
     async def _prune_loop(self) -> None:
         while True:
             try:
-                await asyncio.to_thread(self.store.prune_seen, SEEN_KEEP_S)
+                # An op in the group commit, as every write of the gateway (rule 6).
+                await self.commits.submit(
+                    lambda db: self.store.prune_seen_in(db, SEEN_KEEP_S), within=PRUNE_WITHIN_S
+                )
             except StoreError as exc:  # a dying card: the keys wait for the next round
                 log.warning("forgetting old message keys failed: %s", exc)
             await asyncio.sleep(3600)
@@ -285,8 +295,14 @@ class Gateway:
         interval = self.notifier.watchdog_interval or 10.0
         while True:
             await self._probe_store(min(PROBE_TIMEOUT_S, interval))
-            ok, why = self.healthy()
-            if (ok or self._watchdog_ok(why)) and self.notifier.watchdog_interval:
+            problems = self._problems()
+            why = [text for _, text in problems]
+            # A store that cannot be written is the one problem a restart cannot mend, and
+            # a restart would end the delivery of what it holds: the pings go on.
+            ok = not problems
+            if (ok or [k for k, _ in problems] == ["store_unwritable"]) and (
+                self.notifier.watchdog_interval
+            ):
                 self.notifier.watchdog()
             if not ok:
                 log.error("unhealthy, withholding the watchdog ping: %s", "; ".join(why))
@@ -308,26 +324,26 @@ class Gateway:
             self._store_ok, self._store_error = False, f"store probe failed: {exc}"
 
     def healthy(self) -> tuple[bool, list[str]]:
-        why = [
-            f"{name} task ended: {t.exception() if not t.cancelled() else 'cancelled'}"
+        """(healthy?, why not: one sentence a problem) for /healthz and the status."""
+        why = [text for _, text in self._problems()]
+        return not why, why
+
+    def _problems(self) -> list[tuple[Problem, str]]:
+        """Each problem as (kind, sentence): decisions read the kind, people the sentence."""
+        out: list[tuple[Problem, str]] = [
+            ("task", f"{name} task ended: {t.exception() if not t.cancelled() else 'cancelled'}")
             for name, t in self._critical.items()
             if t.done()
         ]
-        why += self.chores.problems()
+        out += [("chore", text) for text in self.chores.problems()]
         if not self._store_ok:
-            why.append(self._store_error or "store unhealthy")
+            out.append(("store_probe", self._store_error or "store unhealthy"))
         ws = self.store.write_state
         if not ws.writable:  # a dying card, said plainly (not as the last commit's error)
-            why.append(f"{ws.text}: refusing new readings")
+            out.append(("store_unwritable", f"{ws.text}: refusing new readings"))
         elif self.commits.stats.last_error:
-            why.append(f"last commit failed: {self.commits.stats.last_error}")
-        return not why, why
-
-    def _watchdog_ok(self, why: list[str]) -> bool:
-        """Ping the watchdog while the only problem is a store that cannot be written: a
-        restart cannot mend the card, and would end the delivery of what it holds."""
-        ws = self.store.write_state
-        return not ws.writable and why == [f"{ws.text}: refusing new readings"]
+            out.append(("commit", f"last commit failed: {self.commits.stats.last_error}"))
+        return out
 
     # ------------------------------------------------------------- status
 
@@ -379,6 +395,7 @@ class Gateway:
                     "readings": ns.readings,
                     "duplicates": ns.duplicates,
                     "rejected": dict(ns.rejected),
+                    "software": ns.software,  # node updates (gateway/nodeoffer.py)
                 }
         return {
             "gateway": self.cfg.id,

@@ -10,14 +10,15 @@ import time
 import urllib.request
 from typing import Any
 
+from pubcomp.sync.exitcodes import EXIT_NOT_DELIVERING, EXIT_OK, EXIT_UNHEALTHY
+from pubcomp.sync.gatewaystatus import Level
+from pubcomp.sync.tables import text_table
 from pubcomp.sync.units import counted, duration, size
 
-# ``pubcomp status`` exit codes (docs/operations.md, "Reading status").
-EXIT_OK = 0  # running, healthy, delivering
-EXIT_UNHEALTHY = 1  # running, but a task died, the store does not answer or cannot be written
-EXIT_USAGE = 2  # bad arguments or fleet file (argparse uses 2 as well)
-EXIT_NOT_RUNNING = 3  # nothing answers on the health port
-EXIT_NOT_DELIVERING = 4  # running, but the uplink is down or stalled: readings wait on disk
+# ``pubcomp status`` exits with the verdict's code (sync/exitcodes.py; docs/operations.md,
+# "Reading status"): 0 delivering, 1 unhealthy (a task died, the store does not answer or
+# cannot be written), 4 not delivering (the uplink is down or stalled: readings wait on
+# disk); 2 a bad command, 3 not running (gateway/commands.py).
 STALL_S = 60.0  # connected with messages in flight, and nothing delivered for this long
 # Delivered readings not landed in the cloud for this long are worth the headline.
 LANDING_LAG_S = 600.0
@@ -53,7 +54,7 @@ def store_headline(snap: dict[str, Any]) -> str | None:
     return f"{what} since {hms(bad['since'])}: refusing new readings; {sending}"
 
 
-def verdict(snap: dict[str, Any]) -> tuple[str, str, int]:
+def verdict(snap: dict[str, Any]) -> tuple[Level, str, int]:
     """(level, headline, exit code) for the top of the page and of ``pubcomp status``.
 
     level is ``ok``, ``down`` (running but not delivering) or ``unhealthy``.
@@ -172,9 +173,9 @@ def landing(e2e: dict[str, Any]) -> str:
         text += f", oldest {duration(age)}"
     if e2e.get("resent_not_landed"):
         text += f"; {e2e['resent_not_landed']:,} re-sent (not landed in time)"
-    sub = e2e.get("subscription", "")
-    if sub.startswith("refused"):
-        text += f"; acknowledgements REFUSED by the broker ({sub}): check its ACL"
+    code = e2e.get("subscription_refused")
+    if code is not None:
+        text += f"; acknowledgements REFUSED by the broker ({code:#04x}): check its ACL"
     refused = sum(v for k, v in (e2e.get("acks") or {}).items() if k != "accepted")
     if refused:
         text += f"; {refused:,} acknowledgements ignored (see the log)"
@@ -226,6 +227,22 @@ def sensor_rows(snap: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def software_text(sw: dict[str, Any] | None) -> str:
+    """A node's software as it said it (gateway/nodeoffer.py): "3", "4 (trial)",
+    "3, fetching 4: 41%", "3 (4 rolled back)"; "-" before it said anything."""
+    if not sw or sw.get("version") is None:
+        return "-"
+    text = str(sw["version"])
+    if sw.get("state") == "trial":
+        text += " (trial)"
+    offer, total = sw.get("offer"), sw.get("total") or 0
+    if offer not in (None, sw["version"]) and total and sw.get("state") == "downloading":
+        text += f", fetching {offer}: {100 * sw.get('served', 0) // total}%"
+    if sw.get("bad"):
+        text += f" ({sw['bad']} rolled back)"
+    return text
+
+
 def node_rows(snap: dict[str, Any]) -> list[list[str]]:
     now = snap["time"]
     return [
@@ -235,17 +252,10 @@ def node_rows(snap: dict[str, Any]) -> list[list[str]]:
             _age(n["last_seen"], now),
             str(n["messages"]),
             str(sum(n["rejected"].values())),
+            software_text(n.get("software")),
         ]
         for nid, n in sorted(snap["nodes"].items())
     ]
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [header, *rows]
-    )
 
 
 def render(snap: dict[str, Any]) -> str:
@@ -254,10 +264,10 @@ def render(snap: dict[str, Any]) -> str:
     out = [verdict(snap)[1], ""] + [f"{k:<{width}}  {v}" for k, v in pairs]
     if snap["sensors"]:
         hdr = ["sensor", "state", "last value", "readings", "faults", "restarts"]
-        out += ["", table(hdr, sensor_rows(snap))]
+        out += ["", text_table(hdr, sensor_rows(snap))]
     if snap["nodes"]:
-        hdr = ["node", "connected", "last seen", "messages", "rejected"]
-        out += ["", table(hdr, node_rows(snap))]
+        hdr = ["node", "connected", "last seen", "messages", "rejected", "software"]
+        out += ["", text_table(hdr, node_rows(snap))]
     return "\n".join(out)
 
 

@@ -22,11 +22,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .errors import CertError
+
 DEFAULT_DAYS = 3650  # a field gateway is visited rarely; rotate with a new make-cert
-
-
-class CertError(Exception):
-    """A one-line reason make-cert or provision cannot go on."""
 
 
 def _names(names: list[str]) -> list[x509.GeneralName]:

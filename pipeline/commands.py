@@ -13,27 +13,33 @@ from pathlib import Path
 
 from pubcomp.sync import wire
 from pubcomp.sync.commands import read_landed_key, uplink_options
+from pubcomp.sync.exitcodes import EXIT_USAGE
 
 log = logging.getLogger(__name__)
 
 
 def ingest_run(args: argparse.Namespace) -> int:
+    from .errors import IngestOptionsError
     from .ingest import Ingest, run
 
     opts = uplink_options(args)  # the same connection arguments as `pubcomp uplink run`
-    ingest = Ingest(
-        args.broker,
-        opts,
-        args.topic,
-        Path(args.landing),
-        shared_group=args.shared_group,
-        connections=args.connections,
-        max_file_bytes=int(args.roll_mb * (1 << 20)),
-        max_file_age_s=args.roll_s,
-        landed_acks=args.landed_acks,
-        landed_key=read_landed_key(args.landed_key_file) if args.landed_key_file else None,
-        ack_interval=args.ack_interval,
-    )
+    try:
+        ingest = Ingest(
+            args.broker,
+            opts,
+            args.topic,
+            Path(args.landing),
+            shared_group=args.shared_group,
+            connections=args.connections,
+            max_file_bytes=int(args.roll_mb * (1 << 20)),
+            max_file_age_s=args.roll_s,
+            landed_acks=args.landed_acks,
+            landed_key=read_landed_key(args.landed_key_file) if args.landed_key_file else None,
+            ack_interval=args.ack_interval,
+        )
+    except IngestOptionsError as exc:
+        print(f"pubcomp ingest run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     status = None
     if args.status_topic:  # the gateways' status messages, beside the readings
         from .statusland import StatusLanding
@@ -77,7 +83,7 @@ def _local(location: str) -> Path | None:
 
 def _fail(command: str, text: str) -> int:
     print(f"pubcomp pipeline {command}: {text}", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
 
 
 def pipeline_run(args: argparse.Namespace) -> int:

@@ -15,26 +15,39 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from pubcomp.sync.exitcodes import (
+    EXIT_CLOCK,
+    EXIT_DISK,
+    EXIT_NOT_DELIVERING,
+    EXIT_OFFLINE,
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+)
+from pubcomp.sync.gatewaystatus import (
+    ClockSource,
+    Level,
+    NodeStatus,
+    OfflineStatus,
+    OnlineStatus,
+    SensorStatus,
+    parse,
+)
+from pubcomp.sync.tables import text_table
 from pubcomp.sync.units import duration, size
 
-# `pubcomp fleet status` / `fleet watch --once` exit codes (docs/operations.md), in the
-# spirit of `pubcomp status`: 0 all delivering, 2 a bad command or a source that cannot
-# be read; else the code of the worst problem in the fleet, in the order of SEVERITY.
-EXIT_OK = 0
-EXIT_UNHEALTHY = 1  # a gateway runs, but a task died or its store does not answer
-EXIT_USAGE = 2
-EXIT_OFFLINE = 3  # a gateway is offline (its Will, a clean stop) or silent for too long
-EXIT_NOT_DELIVERING = 4  # a gateway's uplink is down or stalled: readings wait on it
-EXIT_CLOCK = 5  # a gateway's clock is not synchronised: its readings are flagged
-EXIT_DISK = 6  # a gateway's store is near its quota, or its disk nearly full
+from .fleetcli import STALE_S  # the default of --stale-s, where pydantic is not imported
+
+# `pubcomp fleet status` / `fleet watch --once` exit with the code of the worst problem in
+# the fleet, in this order (sync/exitcodes.py; 0: all delivering).
 SEVERITY = (EXIT_OFFLINE, EXIT_NOT_DELIVERING, EXIT_UNHEALTHY, EXIT_CLOCK, EXIT_DISK)
 
 HELD_S = 60.0  # a reading waiting this long is held (not just in passing)
-STALE_S = 1800.0  # an online gateway with no status for this long is silent
 ROOM_LOW_BYTES = 100e6  # disk free, or quota left, under this: the store may soon refuse
 QUOTA_HIGH = 0.9  # or the store past this share of its quota
 
@@ -54,10 +67,70 @@ def parse_time(text: str | None) -> float | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-@dataclass
-class GatewayView:
-    """What the cloud knows of one gateway: its newest status, and facts from its last
-    online one when the newest is an offline message (a Will carries no figures)."""
+@dataclass(frozen=True)
+class At:
+    """Where a fact is in an online status message (sync/gatewaystatus.py): ``uplink.backlog``."""
+
+    path: str
+
+
+class Facts(BaseModel):
+    """The figures of a gateway's newest online status that the fleet views show: one
+    column each in ``gateway_health`` (pipeline/health.py derives the columns, and the
+    Spark expressions that fill them, from this), the same read from a live message
+    (``facts_of``). None: not known (an offline gateway never seen online, or a field
+    its gateway's version did not send)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    uptime_s: Annotated[float | None, At("uptime_s")] = None
+    level: Annotated[Level | None, At("verdict.level")] = None
+    headline: Annotated[str | None, At("verdict.headline")] = None
+    problems: Annotated[list[str], At("problems")] = Field(default_factory=list)
+    uplink_state: Annotated[str | None, At("uplink.state")] = None
+    backlog: Annotated[int | None, At("uplink.backlog")] = None
+    inflight: Annotated[int | None, At("uplink.inflight_messages")] = None
+    oldest_age_s: Annotated[float | None, At("uplink.oldest_age_s")] = None
+    drain_rate: Annotated[float | None, At("uplink.drain_rate")] = None
+    eta_s: Annotated[float | None, At("uplink.eta_s")] = None
+    delivered: Annotated[int | None, At("uplink.delivered")] = None
+    last_error: Annotated[str | None, At("uplink.last_error")] = None
+    # None: a gateway from before issue 24 (it said nothing).
+    end_to_end: Annotated[bool | None, At("uplink.end_to_end")] = None
+    awaiting_landing: Annotated[int | None, At("uplink.awaiting_landing")] = None
+    awaiting_age_s: Annotated[float | None, At("uplink.awaiting_age_s")] = None
+    clock_source: Annotated[ClockSource | None, At("clock.source")] = None
+    clock_synced: Annotated[bool | None, At("clock.synced")] = None
+    store_bytes: Annotated[int | None, At("store.bytes")] = None
+    quota_bytes: Annotated[int | None, At("store.quota_bytes")] = None
+    disk_free_bytes: Annotated[int | None, At("store.disk_free_bytes")] = None
+    flash_bytes_per_day: Annotated[float | None, At("flash.bytes_per_day")] = None
+    sensors: Annotated[dict[str, SensorStatus], At("sensors")] = Field(default_factory=dict)
+    nodes: Annotated[dict[str, NodeStatus], At("nodes")] = Field(default_factory=dict)
+
+
+def fact_paths() -> dict[str, str]:
+    """Each fact's name and its place in the message, in ``Facts``' order."""
+    out = {}
+    for name, f in Facts.model_fields.items():
+        (at,) = (m for m in f.metadata if isinstance(m, At))
+        out[name] = at.path
+    return out
+
+
+def facts_of(msg: OnlineStatus) -> dict[str, Any]:
+    """The facts of an online message, by name (as ``GatewayView`` takes them)."""
+    out = {}
+    for name, path in fact_paths().items():
+        value: Any = msg
+        for part in path.split("."):
+            value = getattr(value, part)
+        out[name] = value
+    return out
+
+
+class _Seen(BaseModel):
+    """What the cloud knows of a gateway from its newest message, online or not."""
 
     gateway: str
     fleet: str | None = None
@@ -67,30 +140,16 @@ class GatewayView:
     seen: float | None = None  # when the cloud received it (None: unknown, e.g. retained)
     version: str | None = None
     started: float | None = None
-    uptime_s: float | None = None
-    level: str | None = None
-    headline: str | None = None
-    facts_ts: float | None = None  # the time of the status the figures below come from
-    uplink_state: str | None = None
-    backlog: int | None = None
-    inflight: int | None = None
-    oldest_age_s: float | None = None
-    drain_rate: float | None = None
-    eta_s: float | None = None
-    delivered: int | None = None
-    end_to_end: bool | None = None  # None: a gateway from before issue 24 (it said nothing)
-    awaiting_landing: int | None = None
-    awaiting_age_s: float | None = None
-    clock_source: str | None = None
-    clock_synced: bool | None = None
-    store_bytes: int | None = None
-    quota_bytes: int | None = None
-    disk_free_bytes: int | None = None
-    flash_bytes_per_day: float | None = None
-    problems: list[str] = field(default_factory=list)
-    sensors: dict[str, Any] = field(default_factory=dict)
-    nodes: dict[str, Any] = field(default_factory=dict)
-    history: list[tuple[float, int]] = field(default_factory=list)  # (minute, backlog max)
+
+
+class GatewayView(Facts, _Seen):
+    """What the cloud knows of one gateway: its newest status, and the facts of its last
+    online one when the newest is an offline message (a Will carries no figures)."""
+
+    model_config = ConfigDict(frozen=False)
+
+    facts_ts: float | None = None  # the time of the status the facts come from
+    history: list[tuple[float, int]] = Field(default_factory=list)  # (minute, backlog max)
 
     @property
     def when(self) -> float | None:
@@ -98,11 +157,11 @@ class GatewayView:
 
     @property
     def sensor_faults(self) -> int:
-        return sum(int(s.get("faults") or 0) for s in self.sensors.values())
+        return sum(s.faults for s in self.sensors.values())
 
     @property
     def nodes_connected(self) -> int:
-        return sum(bool(n.get("connected")) for n in self.nodes.values())
+        return sum(n.connected for n in self.nodes.values())
 
     def room(self) -> float | None:
         """Bytes the store can still grow by: disk free, or what is left of its quota."""
@@ -122,49 +181,34 @@ class GatewayView:
         return self.oldest_age_s + (0.0 if delivering else max(0.0, now - base))
 
 
+Message = OnlineStatus | OfflineStatus
+
+
 def view(
-    msg: dict[str, Any], seen: float | None = None, last_online: dict[str, Any] | None = None
+    msg: Message | dict[str, Any],
+    seen: float | None = None,
+    last_online: Message | dict[str, Any] | None = None,
 ) -> GatewayView:
     """A gateway from its newest status message (and its last online one, if that is older)."""
-    v = GatewayView(
-        gateway=str(msg["gateway"]),
-        fleet=msg.get("fleet"),
-        online=bool(msg.get("online")),
-        reason=str(msg.get("reason") or ""),
-        ts=parse_time(msg.get("ts")),
+    m = parse(msg) if isinstance(msg, dict) else msg
+    last = parse(last_online) if isinstance(last_online, dict) else last_online
+    facts = m if isinstance(m, OnlineStatus) else last
+    kept: dict[str, Any] = {}
+    if isinstance(facts, OnlineStatus):
+        kept = facts_of(facts)
+        # The figures' time by the cloud's clock when known (a gateway's clock may be wrong).
+        kept["facts_ts"] = seen if facts is m and seen is not None else parse_time(facts.ts)
+    return GatewayView(
+        gateway=m.gateway,
+        fleet=m.fleet,
+        online=m.online,
+        reason=m.reason,
+        ts=parse_time(m.ts),
         seen=seen,
-        version=msg.get("version"),
-        started=parse_time(msg.get("started")),
+        version=m.version,
+        started=parse_time(m.started),
+        **kept,
     )
-    facts = msg if msg.get("online") else last_online
-    if facts is None:
-        return v
-    up = facts.get("uplink") or {}
-    st = facts.get("store") or {}
-    clk = facts.get("clock") or {}
-    verdict = facts.get("verdict") or {}
-    # The figures' time by the cloud's clock when known (a gateway's clock may be wrong).
-    v.facts_ts = seen if facts is msg and seen is not None else parse_time(facts.get("ts"))
-    v.uptime_s = facts.get("uptime_s")
-    v.level, v.headline = verdict.get("level"), verdict.get("headline")
-    v.uplink_state = up.get("state")
-    v.backlog, v.inflight = up.get("backlog"), up.get("inflight_messages")
-    v.oldest_age_s, v.drain_rate, v.eta_s = (
-        up.get("oldest_age_s"),
-        up.get("drain_rate"),
-        up.get("eta_s"),
-    )
-    v.delivered = up.get("delivered")
-    v.end_to_end = up.get("end_to_end")
-    v.awaiting_landing, v.awaiting_age_s = up.get("awaiting_landing"), up.get("awaiting_age_s")
-    v.clock_source, v.clock_synced = clk.get("source"), clk.get("synced")
-    v.store_bytes, v.quota_bytes = st.get("bytes"), st.get("quota_bytes")
-    v.disk_free_bytes = st.get("disk_free_bytes")
-    v.flash_bytes_per_day = (facts.get("flash") or {}).get("bytes_per_day")
-    v.problems = list(facts.get("problems") or [])
-    v.sensors = dict(facts.get("sensors") or {})
-    v.nodes = dict(facts.get("nodes") or {})
-    return v
 
 
 @dataclass
@@ -285,14 +329,6 @@ def unlanded(v: GatewayView) -> str:
     return f"{n:,}"
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [header, *rows]
-    )
-
-
 def headline(views: list[GatewayView], judged: list[Judgement]) -> str:
     if not views:
         return "no gateway has sent a status"
@@ -315,7 +351,10 @@ def render(views: list[GatewayView], now: float | None = None, stale_s: float = 
     judged = [judge(v, now, stale_s) for v in ranked]
     out = [headline(ranked, judged)]
     if ranked:
-        out += ["", table(HEADER, [row(v, j, now) for v, j in zip(ranked, judged, strict=True)])]
+        out += [
+            "",
+            text_table(HEADER, [row(v, j, now) for v, j in zip(ranked, judged, strict=True)]),
+        ]
         why = [f"  {v.gateway}: {j.why}" for v, j in zip(ranked, judged, strict=True) if j.code]
         if why:
             out += ["", *why]

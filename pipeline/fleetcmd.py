@@ -12,8 +12,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pubcomp.sync.exitcodes import EXIT_USAGE
+from pubcomp.sync.gatewaystatus import OnlineStatus, parse
+
 from . import fleet
-from .fleet import EXIT_USAGE, GatewayView
+from .fleet import GatewayView, Message
 
 QUIET_S = 1.0  # --once: the retained statuses have all come when none came for this long
 REDRAW_S = 5.0  # the live table is redrawn this often (ages move) and at each new status
@@ -43,7 +46,8 @@ def fleet_status(args: argparse.Namespace) -> int:
     if args.json:
         ranked = fleet.rank(found, now)
         rows = [
-            {**asdict(v), "judgement": asdict(fleet.judge(v, now, args.stale_s))} for v in ranked
+            {**v.model_dump(mode="json"), "judgement": asdict(fleet.judge(v, now, args.stale_s))}
+            for v in ranked
         ]
         print(json.dumps(rows, indent=2, default=str))
     elif not found:
@@ -65,8 +69,8 @@ class Watch:
     def __init__(self) -> None:
         from pubcomp.sync import wire
 
-        self.latest: dict[str, tuple[dict[str, Any], float | None]] = {}
-        self.online: dict[str, dict[str, Any]] = {}
+        self.latest: dict[str, tuple[Message, float | None]] = {}
+        self.online: dict[str, OnlineStatus] = {}
         self.invalid = 0
         self._validator = wire.validator("gateway-status.v1.json")
 
@@ -75,18 +79,17 @@ class Watch:
         from pubcomp.sync import wire
 
         try:
-            msg = wire.loads(payload)
-        except (ValueError, UnicodeDecodeError):
+            raw = wire.loads(payload)
+            if not self._validator.is_valid(raw):
+                raise ValueError("not a valid status")
+            msg = parse(raw)
+        except (ValueError, UnicodeDecodeError):  # pydantic's ValidationError is one
             self.invalid += 1
             return False
-        if not self._validator.is_valid(msg):
-            self.invalid += 1
-            return False
-        gw = msg["gateway"]
         # A retained message was sent before we subscribed: when, we do not know.
-        self.latest[gw] = (msg, None if retained else now)
-        if msg["online"]:
-            self.online[gw] = msg
+        self.latest[msg.gateway] = (msg, None if retained else now)
+        if isinstance(msg, OnlineStatus):
+            self.online[msg.gateway] = msg
         return True
 
     def views(self) -> list[GatewayView]:
@@ -156,11 +159,11 @@ async def _live(args: argparse.Namespace) -> int:
     import aiomqtt
 
     from pubcomp.sync.client import Backoff
+    from pubcomp.sync.running import reconnecting
 
     watch = Watch()
     tty = sys.stdout.isatty()
     note = "connecting"
-    backoff = Backoff(base=0.5, cap=30.0)
     ever = False  # a broker never reached is a bad command; one lost is retried
 
     def draw() -> None:
@@ -172,27 +175,37 @@ async def _live(args: argparse.Namespace) -> int:
             sys.stdout.write(f"--- {stamp}\n{text}\n")
         sys.stdout.flush()
 
-    while True:
-        try:
-            async with _client(args) as client:
-                await client.subscribe(args.topic, qos=1)
-                note, ever = "connected", True
-                backoff.reset()
-                draw()
-                it = client.messages.__aiter__()
-                while True:
-                    try:
-                        m = await asyncio.wait_for(it.__anext__(), REDRAW_S)
-                        watch.add(bytes(m.payload), bool(m.retain), time.time())
-                    except TimeoutError:
-                        pass
-                    draw()
-        except aiomqtt.MqttError as exc:
-            if not ever:
-                raise
-            note = f"connection lost ({exc}); retrying"
+    async def connection(backoff: Backoff) -> None:
+        nonlocal note, ever
+        async with _client(args) as client:
+            await client.subscribe(args.topic, qos=1)
+            note, ever = "connected", True
+            backoff.reset()
             draw()
-        await asyncio.sleep(backoff.next_delay())
+            it = client.messages.__aiter__()
+            while True:
+                try:
+                    m = await asyncio.wait_for(it.__anext__(), REDRAW_S)
+                    watch.add(bytes(m.payload), bool(m.retain), time.time())
+                except TimeoutError:
+                    pass
+                draw()
+
+    def lost(why: str, exc: BaseException) -> None:
+        nonlocal note
+        if not ever:
+            raise exc
+        note = f"connection lost ({exc}); retrying"
+        draw()
+
+    await reconnecting(
+        asyncio.Event(),  # never set: Ctrl-C ends the watch
+        connection,
+        lost,
+        backoff=Backoff(base=0.5, cap=30.0),
+        errors=(aiomqtt.MqttError,),
+    )
+    return 0  # not reached: the loop ends only by an exception
 
 
 def fleet_watch(args: argparse.Namespace) -> int:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from pubcomp.sync.tables import Raw, html_row, html_table
+
 from . import fleet
 from .fleet import GatewayView
 
@@ -77,40 +79,24 @@ def _details(v: GatewayView) -> str:
         rows = []
         for sid, s in sorted(v.sensors.items()):
             last = ", ".join(
-                f"{ch.removeprefix(sid + '.')}={r.get('value')}"
-                + (f" {r['unit']}" if r.get("unit") else "")
-                for ch, r in sorted((s.get("last") or {}).items())
+                f"{ch.removeprefix(sid + '.')}={r.value}" + (f" {r.unit}" if r.unit else "")
+                for ch, r in sorted(s.last.items())
             )
-            rows.append(
-                [
-                    sid,
-                    str(s.get("state")),
-                    last or "-",
-                    str(s.get("faults")),
-                    str(s.get("restarts")),
-                ]
-            )
-        parts.append(_table(["sensor", "state", "last reading", "faults", "restarts"], rows))
+            rows.append([sid, s.state, last or "-", str(s.faults), str(s.restarts)])
+        header = ["sensor", "state", "last reading", "faults", "restarts"]
+        parts.append(html_table(header, map(html_row, rows)))
     if v.nodes:
         rows = [
-            [nid, "yes" if n.get("connected") else "no", str(n.get("last_seen") or "never")]
+            [nid, "yes" if n.connected else "no", n.last_seen or "never"]
             for nid, n in sorted(v.nodes.items())
         ]
-        parts.append(_table(["node", "connected", "last seen (UTC)"], rows))
+        parts.append(html_table(["node", "connected", "last seen (UTC)"], map(html_row, rows)))
     if not parts:
         return ""
     return (
         f'<details id="detail-{html.escape(v.gateway)}"><summary>{html.escape(v.gateway)}: '
         f"sensors and nodes</summary>{''.join(parts)}</details>"
     )
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def render(views: list[GatewayView], warehouse: str, now: float | None = None) -> str:
@@ -139,21 +125,17 @@ def render(views: list[GatewayView], warehouse: str, now: float | None = None) -
         )
         return "".join([*out, "</body></html>"])
     header = [*fleet.HEADER, "why", "backlog"]
-    body = []
-    for v, j in zip(ranked, judged, strict=True):
-        cells = "".join(f"<td>{html.escape(c)}</td>" for c in fleet.row(v, j, now))
-        why = html.escape(j.why) if j.code else ""
-        body.append(
-            f'<tr class="s{j.code}" data-gateway="{html.escape(v.gateway)}">{cells}'
-            f'<td class="why">{why}</td><td>{spark_svg(v.history, v.gateway)}</td></tr>'
+    classes = [None] * len(fleet.HEADER) + ["why"]
+    body = (
+        html_row(
+            [*fleet.row(v, j, now), j.why if j.code else "", Raw(spark_svg(v.history, v.gateway))],
+            attrs=f' class="s{j.code}" data-gateway="{html.escape(v.gateway)}"',
+            classes=classes,
         )
-    out.append(
-        '<div style="overflow-x:auto"><table id="gateways"><tr>'
-        + "".join(f"<th>{html.escape(h)}</th>" for h in header)
-        + "</tr>"
-        + "".join(body)
-        + "</table></div>"
+        for v, j in zip(ranked, judged, strict=True)
     )
+    table = html_table(header, body, tid="gateways")
+    out.append(f'<div style="overflow-x:auto">{table}</div>')
     out += [_details(v) for v in ranked]
     return "".join([*out, "</body></html>"])
 

@@ -24,22 +24,23 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
-    ArrayType,
     BooleanType,
     DoubleType,
     LongType,
-    MapType,
     StringType,
     StructField,
     StructType,
     TimestampType,
 )
 
-from .fleet import GatewayView
-from .job import path_exists
+from pubcomp.sync.gatewaystatus import OnlineStatus
+
+from .fleet import Facts, GatewayView, fact_paths
+from .sparkenv import path_exists
+from .sparktypes import struct_of
 
 log = logging.getLogger(__name__)
 
@@ -48,143 +49,18 @@ LATEST = "gateway_health"
 MINUTES = "gateway_health_1m"
 CHECKPOINT = "_checkpoint_health"
 
-_S, _L, _D, _B = StringType(), LongType(), DoubleType(), BooleanType()
-
-SENSOR = StructType(
-    [
-        StructField("type", _S),
-        StructField("state", _S),
-        StructField("readings", _L),
-        StructField("faults", _L),
-        StructField("fault_kinds", MapType(_S, _L)),
-        StructField("restarts", _L),
-        StructField("last_error", _S),
-        StructField(
-            "last",
-            MapType(
-                _S,
-                StructType(
-                    [StructField("value", _D), StructField("unit", _S), StructField("ts", _S)]
-                ),
-            ),
-        ),
-    ]
-)
-NODE = StructType(
-    [
-        StructField("connected", _B),
-        StructField("last_seen", _S),
-        StructField("messages", _L),
-        StructField("rejected", _L),
-    ]
-)
-
-# A landed status line: the gateway-status.v1 message plus ``received``.
+# A landed status line: the gateway-status.v1 message (an online one holds every field an
+# offline one does) plus ``received``, derived from the message's model.
 STATUS_LINE_SCHEMA = StructType(
-    [
-        StructField("v", _L),
-        StructField("gateway", _S),
-        StructField("fleet", _S),
-        StructField("id", _S),
-        StructField("online", _B),
-        StructField("reason", _S),
-        StructField("ts", _S),
-        StructField("version", _S),
-        StructField("started", _S),
-        StructField("uptime_s", _D),
-        StructField(
-            "verdict",
-            StructType(
-                [
-                    StructField("level", _S),
-                    StructField("headline", _S),
-                    StructField("exit", _L),
-                ]
-            ),
-        ),
-        StructField("problems", ArrayType(_S)),
-        StructField(
-            "uplink",
-            StructType(
-                [
-                    StructField("state", _S),
-                    StructField("broker", _S),
-                    StructField("qos", _L),
-                    StructField("connected_since", _S),
-                    StructField("down_since", _S),
-                    StructField("backlog", _L),
-                    StructField("inflight_messages", _L),
-                    StructField("oldest_age_s", _D),
-                    StructField("drain_rate", _D),
-                    StructField("eta_s", _D),
-                    StructField("delivered", _L),
-                    StructField("last_error", _S),
-                    StructField("last_error_at", _S),
-                    StructField("end_to_end", _B),
-                    StructField("awaiting_landing", _L),
-                    StructField("awaiting_age_s", _D),
-                ]
-            ),
-        ),
-        StructField(
-            "store",
-            StructType(
-                [
-                    StructField("bytes", _L),
-                    StructField("quota_bytes", _L),
-                    StructField("disk_free_bytes", _L),
-                ]
-            ),
-        ),
-        StructField(
-            "flash",
-            StructType([StructField("bytes_per_day", _D), StructField("life_years", _D)]),
-        ),
-        StructField(
-            "clock",
-            StructType(
-                [
-                    StructField("source", _S),
-                    StructField("synced", _B),
-                    StructField("corrections", _L),
-                ]
-            ),
-        ),
-        StructField("sensors", MapType(_S, SENSOR)),
-        StructField("nodes", MapType(_S, NODE)),
-        StructField("received", _S),
-    ]
+    [*struct_of(OnlineStatus).fields, StructField("received", StringType())]
 )
 
 _TS = TimestampType()
-# The figures of an online status (null in an offline message's row).
-FACTS = StructType(
-    [
-        StructField("uptime_s", _D),
-        StructField("level", _S),
-        StructField("headline", _S),
-        StructField("problems", ArrayType(_S)),
-        StructField("uplink_state", _S),
-        StructField("backlog", _L),
-        StructField("inflight", _L),
-        StructField("oldest_age_s", _D),
-        StructField("drain_rate", _D),
-        StructField("eta_s", _D),
-        StructField("delivered", _L),
-        StructField("last_error", _S),
-        StructField("end_to_end", _B),
-        StructField("awaiting_landing", _L),
-        StructField("awaiting_age_s", _D),
-        StructField("clock_source", _S),
-        StructField("clock_synced", _B),
-        StructField("store_bytes", _L),
-        StructField("quota_bytes", _L),
-        StructField("disk_free_bytes", _L),
-        StructField("flash_bytes_per_day", _D),
-        StructField("sensors", MapType(_S, SENSOR)),
-        StructField("nodes", MapType(_S, NODE)),
-    ]
-)
+# The figures of an online status (null in an offline message's row): pipeline/fleet.py's
+# Facts, each a column, filled from its place in the message (``FACT_PATHS``).
+FACTS = struct_of(Facts)
+FACT_PATHS = fact_paths()
+_S, _L, _D, _B = StringType(), LongType(), DoubleType(), BooleanType()
 LATEST_SCHEMA = StructType(
     [
         StructField("gateway", _S, False),
@@ -244,29 +120,7 @@ def parse_statuses(lines: DataFrame) -> DataFrame:
         _time(F.col("started")).alias("started"),
         fact(_time(F.col("ts"))).alias("facts_ts"),
         fact(_time(F.col("received"))).alias("facts_received"),
-        fact(F.col("uptime_s")).alias("uptime_s"),
-        fact(F.col("verdict.level")).alias("level"),
-        fact(F.col("verdict.headline")).alias("headline"),
-        fact(F.col("problems")).alias("problems"),
-        fact(F.col("uplink.state")).alias("uplink_state"),
-        fact(F.col("uplink.backlog")).alias("backlog"),
-        fact(F.col("uplink.inflight_messages")).alias("inflight"),
-        fact(F.col("uplink.oldest_age_s")).alias("oldest_age_s"),
-        fact(F.col("uplink.drain_rate")).alias("drain_rate"),
-        fact(F.col("uplink.eta_s")).alias("eta_s"),
-        fact(F.col("uplink.delivered")).alias("delivered"),
-        fact(F.col("uplink.last_error")).alias("last_error"),
-        fact(F.col("uplink.end_to_end")).alias("end_to_end"),
-        fact(F.col("uplink.awaiting_landing")).alias("awaiting_landing"),
-        fact(F.col("uplink.awaiting_age_s")).alias("awaiting_age_s"),
-        fact(F.col("clock.source")).alias("clock_source"),
-        fact(F.col("clock.synced")).alias("clock_synced"),
-        fact(F.col("store.bytes")).alias("store_bytes"),
-        fact(F.col("store.quota_bytes")).alias("quota_bytes"),
-        fact(F.col("store.disk_free_bytes")).alias("disk_free_bytes"),
-        fact(F.col("flash.bytes_per_day")).alias("flash_bytes_per_day"),
-        fact(F.col("sensors")).alias("sensors"),
-        fact(F.col("nodes")).alias("nodes"),
+        *(fact(F.col(path)).alias(name) for name, path in FACT_PATHS.items()),
     )
     first = Window.partitionBy("id").orderBy(F.col("received").asc_nulls_last())
     return (
@@ -433,6 +287,24 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def view_of_row(r: Row) -> GatewayView:
+    """A gateway from its row of ``gateway_health`` (``LATEST_SCHEMA``)."""
+    # A fact the row has no value for keeps the view's default (None, or empty).
+    facts = {n: _plain(r[n]) for n in FACTS.names if r[n] is not None}
+    return GatewayView(
+        gateway=r.gateway,
+        fleet=r.fleet,
+        online=bool(r.online),
+        reason=r.reason or "",
+        ts=_epoch(r.ts),
+        seen=_epoch(r.received),
+        version=r.version,
+        started=_epoch(r.started),
+        facts_ts=_epoch(r.facts_received or r.facts_ts),
+        **facts,
+    )
+
+
 def views(spark: SparkSession, warehouse: str, history_hours: float = 24.0) -> list[GatewayView]:
     """Every gateway in ``gateway_health``, with its backlog per minute (the last hours)."""
     wh = warehouse.rstrip("/")
@@ -440,39 +312,7 @@ def views(spark: SparkSession, warehouse: str, history_hours: float = 24.0) -> l
         return []
     out: dict[str, GatewayView] = {}
     for r in spark.read.schema(LATEST_SCHEMA).parquet(f"{wh}/{LATEST}").collect():
-        v = GatewayView(
-            gateway=r.gateway,
-            fleet=r.fleet,
-            online=bool(r.online),
-            reason=r.reason or "",
-            ts=_epoch(r.ts),
-            seen=_epoch(r.received),
-            version=r.version,
-            started=_epoch(r.started),
-            uptime_s=r.uptime_s,
-            level=r.level,
-            headline=r.headline,
-            facts_ts=_epoch(r.facts_received or r.facts_ts),
-            uplink_state=r.uplink_state,
-            backlog=r.backlog,
-            inflight=r.inflight,
-            oldest_age_s=r.oldest_age_s,
-            drain_rate=r.drain_rate,
-            eta_s=r.eta_s,
-            delivered=r.delivered,
-            end_to_end=r.end_to_end,
-            awaiting_landing=r.awaiting_landing,
-            awaiting_age_s=r.awaiting_age_s,
-            clock_source=r.clock_source,
-            clock_synced=r.clock_synced,
-            store_bytes=r.store_bytes,
-            quota_bytes=r.quota_bytes,
-            disk_free_bytes=r.disk_free_bytes,
-            flash_bytes_per_day=r.flash_bytes_per_day,
-            problems=list(r.problems or []),
-            sensors=_plain(r.sensors or {}),
-            nodes=_plain(r.nodes or {}),
-        )
+        v = view_of_row(r)
         out[v.gateway] = v
     if out and history_hours > 0 and path_exists(spark, f"{wh}/{MINUTES}"):
         m = spark.read.schema(MINUTES_SCHEMA).parquet(f"{wh}/{MINUTES}")

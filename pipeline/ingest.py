@@ -41,14 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from pubcomp.sync import faults, wire
-from pubcomp.sync.client import (
-    Backoff,
-    BrokerURL,
-    Connection,
-    ConnectionClosed,
-    ConnectOptions,
-    connect,
-)
+from pubcomp.sync.backoff import Backoff
+from pubcomp.sync.client import BrokerURL, Connection, ConnectOptions, connect
+from pubcomp.sync.errors import ConnectionClosed, StoreError
 from pubcomp.sync.faults import crash_point
 from pubcomp.sync.packets import (
     MQTT_5,
@@ -62,8 +57,9 @@ from pubcomp.sync.packets import (
 )
 from pubcomp.sync.running import cancel_all, reconnecting, run_until_stopped
 from pubcomp.sync.session import Deliver, Forget, Reack, ReceiverSession, Reply, message_digest
-from pubcomp.sync.store import StoreError, held_receive_ids
+from pubcomp.sync.store import held_receive_ids
 
+from .errors import IngestOptionsError
 from .landed import AckPublisher, Ledger, Span, span_of
 from .landing import RECEIVE_KEY, LandingWriter, rejection_line
 
@@ -147,9 +143,11 @@ class Ingest:
         self.opts = options
         self.topic = f"$share/{shared_group}/{topic}" if shared_group else topic
         if shared_group and options.version != MQTT_5:
-            raise ValueError("shared subscriptions need MQTT 5 (--protocol 5)")
+            raise IngestOptionsError("shared subscriptions need MQTT 5 (--protocol 5)")
         if connections > 1 and not shared_group:
-            raise ValueError("more than one connection needs a shared group (--shared-group)")
+            raise IngestOptionsError(
+                "more than one connection needs a shared group (--shared-group)"
+            )
         self.connections = connections
         self.landing = Path(landing)
         writer = options.client_id
@@ -453,7 +451,13 @@ class Ingest:
             msg = wire.loads(pkt.payload)
         except (ValueError, UnicodeDecodeError) as exc:
             return b"", 0, ("not_json", str(exc)), None
-        span = span_of(pkt.topic, msg) if self.acks is not None else None
+        span = span_of(pkt.topic, msg)
+        if span is not None:
+            # What of the gateway's store the message carried, with the message: where the
+            # completeness table finds which of the store's seqs landed (docs/pipeline.md).
+            record["outbox"] = {"epoch": span.epoch, "first": span.first, "last": span.last}
+        if self.acks is None:
+            span = None
         if not _plainly_valid(msg):
             err = next(iter(self.validator.iter_errors(msg)), None)
             if err is not None:

@@ -44,7 +44,9 @@ from pubcomp.sync import faults
 from pubcomp.sync.faults import crash_point
 
 from . import seenindex, transforms
+from .health import update as update_health
 from .seenstore import EXCEPTIONS, RANGES, SeenStore
+from .sparkenv import hadoop_path, path_exists, spark_session
 
 log = logging.getLogger(__name__)
 
@@ -82,34 +84,6 @@ class RunSummary:
             f"{p['rollup_1m']} rollup_1m, {p['rollup_1h']} rollup_1h, {p['rollup_1d']} rollup_1d; "
             f"{self.seconds:.1f} s"
         )
-
-
-def path_exists(spark: SparkSession, path: str) -> bool:
-    """Through Hadoop's file system, so a cluster URL (hdfs://, s3a://) works as a local path."""
-    fs, p = hadoop_path(spark, path)
-    return bool(fs.exists(p))
-
-
-def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
-    """Hadoop's file system for ``path``, and the path as Hadoop's ``Path`` (py4j objects)."""
-    jvm: Any = spark._jvm
-    conf = spark._jsc.hadoopConfiguration()
-    p = jvm.org.apache.hadoop.fs.Path(path)
-    return p.getFileSystem(conf), p
-
-
-def spark_session(master: str | None = None, app: str = "pubcomp-pipeline") -> SparkSession:
-    builder = SparkSession.builder.appName(app)
-    if master:
-        builder = builder.master(master)
-    return (
-        builder.config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
-        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
 
 
 class Pipeline:
@@ -559,7 +533,6 @@ def _placement(df: DataFrame, decided: bool) -> list[Any]:
 def run(landing: str, warehouse: str, master: str | None = None) -> RunSummary:
     spark = spark_session(master)
     summary = Pipeline(spark, landing, warehouse).run()
-    from .health import update  # the gateways' status messages: gateway_health (issue 15)
-
-    summary.gateway_health = update(spark, landing, warehouse).line()
+    # The gateways' status messages: gateway_health (issue 15).
+    summary.gateway_health = update_health(spark, landing, warehouse).line()
     return summary

@@ -21,7 +21,6 @@ restarted ingest does not forget what it had said.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -29,10 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pubcomp.sync import wire
-from pubcomp.sync.client import Backoff, BrokerURL, Connection, ConnectOptions, connect
+from pubcomp.sync.client import Backoff, BrokerURL, ConnectOptions, connect
 from pubcomp.sync.packets import (
     Disconnect,
-    Packet,
     Puback,
     Publish,
     Suback,
@@ -213,7 +211,7 @@ class AckPublisher:
                     ledger.stats.published += len(out)
                 ledger.stats.puback_wait = len(unacked)
                 timeout = 1.0 if later is None else min(1.0, later)
-                pkts = await self._recv_or_wake(conn, stop, timeout)
+                pkts = await conn.recv_until(stop, timeout, ledger.wake)
                 for pkt in pkts:
                     if isinstance(pkt, Puback):
                         unacked.pop(pkt.packet_id, None)
@@ -242,21 +240,3 @@ class AckPublisher:
         ack = wire.parse_landed(pkt.payload)
         if isinstance(ack, wire.LandedAck) and ack.ingest == self.ledger.ingest:
             self.ledger.seed(pkt.topic, ack)
-
-    async def _recv_or_wake(
-        self, conn: Connection, stop: asyncio.Event, timeout: float
-    ) -> list[Packet]:
-        recv = asyncio.ensure_future(conn.recv(timeout))
-        others = {
-            asyncio.ensure_future(stop.wait()),
-            asyncio.ensure_future(self.ledger.wake.wait()),
-        }
-        done, _ = await asyncio.wait({recv, *others}, return_when=asyncio.FIRST_COMPLETED)
-        for t in others:
-            t.cancel()
-        if recv in done:
-            return recv.result()
-        recv.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await recv
-        return []

@@ -22,8 +22,10 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pubcomp.sync.tables import html_row, html_table
+
 from . import charts, transforms
-from .job import path_exists
+from .sparkenv import path_exists
 
 log = logging.getLogger(__name__)
 
@@ -269,15 +271,13 @@ def _when(t: datetime | None) -> str:
 
 
 def _table(headers: list[str], rows: list[tuple[list[str], bool]], tid: str) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = []
-    for cells, warn in rows:
-        tds = "".join(
-            f'<td class="name">{html.escape(c)}</td>' if i < 2 else f"<td>{html.escape(c)}</td>"
-            for i, c in enumerate(cells)
-        )
-        body.append(f"<tr{' class=warn' if warn else ''}>{tds}</tr>")
-    return f'<table id="{tid}"><tr>{head}</tr>{"".join(body)}</table>'
+    """The first two columns name what a row is about (``class="name"``); a row that
+    wants a look is ``warn``."""
+    body = (
+        html_row(cells, attrs=" class=warn" if warn else "", classes=("name", "name"))
+        for cells, warn in rows
+    )
+    return html_table(headers, body, tid=tid)
 
 
 def render(f: Facts) -> str:

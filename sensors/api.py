@@ -120,6 +120,12 @@ class Driver(abc.ABC):
     async def run(self, sink: Sink) -> None:
         """Produce readings until cancelled."""
 
+    def saved_state(self) -> str | None:
+        """For a type that needs saved state (registry.Need.STATE): what the gateway commits
+        with each of its readings and hands back (``Provided.saved``) when it builds the
+        driver again, after a restart or a power cut. None: nothing to save."""
+        return None
+
     def report_fault(self, sink: Sink, kind: str, detail: str) -> None:
         self.counters[kind] += 1
         log.warning("sensor %s: %s: %s", self.sensor, kind, detail)

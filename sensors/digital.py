@@ -9,9 +9,13 @@ pull-up) a low level is active.
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from .api import Driver, SensorReading, Sink
 from .pins import InputPin
+from .registry import Need, Provided, SensorOptions, SensorType
 
 
 class DigitalInput(Driver):
@@ -66,3 +70,32 @@ class DigitalInput(Driver):
             level = self.pin.read()
             sink.reading(SensorReading(self.sensor, self._value(level), None, flags=["heartbeat"]))
             self._reported = level
+
+
+class DigitalOptions(SensorOptions):
+    type: Literal["digital"]
+    pin: Annotated[int, Field(ge=0, le=53)]
+    pull: Literal["up", "down", "none"] = "up"
+    active_low: bool = True
+    debounce_s: Annotated[float, Field(ge=0)] = 0.05
+    heartbeat_s: Annotated[float, Field(gt=0)] = 300.0
+
+
+def build(cfg: DigitalOptions, provided: Provided) -> DigitalInput:
+    assert provided.gpio is not None  # the registry refuses a GPIO type without a backend
+    return DigitalInput(
+        cfg.id,
+        provided.gpio.input(cfg.pin, cfg.pull),
+        debounce_s=cfg.debounce_s,
+        heartbeat_s=cfg.heartbeat_s,
+        active_low=cfg.active_low,
+    )
+
+
+SENSOR = SensorType(
+    "digital",
+    DigitalOptions,
+    build,
+    needs={Need.GPIO},
+    summary="digital input: door contact, PIR motion sensor, float switch",
+)

@@ -12,9 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from .api import Driver, SensorReading, Sink
+from .backoff import reopen_delay
+from .errors import SensorConfigError
+from .registry import Need, Provided, SensorOptions, SensorType
 
 TYPES = ("uint16", "int16", "uint32", "int32", "float32")
 
@@ -38,13 +43,15 @@ class Register:
 
     def __post_init__(self) -> None:
         if self.kind not in ("holding", "input"):
-            raise ValueError(f"register {self.name}: kind must be holding or input")
+            raise SensorConfigError(f"register {self.name}: kind must be holding or input")
         if self.value_kind not in VALUE_KINDS:
-            raise ValueError(f"register {self.name}: value_kind must be one of {VALUE_KINDS}")
+            raise SensorConfigError(
+                f"register {self.name}: value_kind must be one of {VALUE_KINDS}"
+            )
         if self.type not in TYPES:
-            raise ValueError(f"register {self.name}: type must be one of {TYPES}")
+            raise SensorConfigError(f"register {self.name}: type must be one of {TYPES}")
         if self.word_order not in ("big", "little"):
-            raise ValueError(f"register {self.name}: word_order must be big or little")
+            raise SensorConfigError(f"register {self.name}: word_order must be big or little")
 
     @property
     def count(self) -> int:
@@ -65,7 +72,7 @@ class ModbusReader(Driver):
     ) -> None:
         super().__init__(sensor)
         if not registers:
-            raise ValueError(f"sensor {sensor}: a modbus reader needs at least one register")
+            raise SensorConfigError(f"sensor {sensor}: a modbus reader needs at least one register")
         self.port, self.baud, self.unit_id = port, baud, unit_id
         self.registers = [Register(**r) for r in registers]
         self.interval_s, self.timeout_s = interval_s, timeout_s
@@ -90,7 +97,7 @@ class ModbusReader(Driver):
             while True:
                 if not client.connected and not await client.connect():
                     self.report_fault(sink, "port_error", f"{self.port}: cannot open")
-                    await asyncio.sleep(min(10.0, 0.2 * 2**attempt))
+                    await asyncio.sleep(reopen_delay(attempt, 0.2, 10.0))
                     attempt += 1
                     continue
                 attempt = 0
@@ -125,3 +132,47 @@ class ModbusReader(Driver):
             sink.reading(
                 SensorReading(f"{self.sensor}.{reg.name}", value, reg.unit, kind=reg.value_kind)
             )
+
+
+class RegisterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    address: Annotated[int, Field(ge=0, le=65535)]
+    kind: Literal["holding", "input"] = "holding"
+    type: Literal["uint16", "int16", "uint32", "int32", "float32"] = "uint16"
+    scale: float = 1.0
+    unit: str | None = None
+    word_order: Literal["big", "little"] = "big"
+    value_kind: Literal["gauge", "counter", "total"] = "gauge"
+
+
+class ModbusOptions(SensorOptions):
+    type: Literal["modbus"]
+    port: str
+    baud: int = 9600
+    unit_id: Annotated[int, Field(ge=0, le=247)] = 1
+    interval_s: Annotated[float, Field(gt=0)] = 10.0
+    timeout_s: Annotated[float, Field(gt=0)] = 1.0
+    registers: Annotated[list[RegisterConfig], Field(min_length=1)]
+
+
+def build(cfg: ModbusOptions, provided: Provided) -> ModbusReader:
+    return ModbusReader(
+        cfg.id,
+        port=cfg.port,
+        registers=[r.model_dump() for r in cfg.registers],
+        baud=cfg.baud,
+        unit_id=cfg.unit_id,
+        interval_s=cfg.interval_s,
+        timeout_s=cfg.timeout_s,
+    )
+
+
+SENSOR = SensorType(
+    "modbus",
+    ModbusOptions,
+    build,
+    needs={Need.SERIAL},
+    summary="Modbus RTU registers (pymodbus): energy meters, PLCs",
+)

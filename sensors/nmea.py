@@ -9,8 +9,10 @@ trusted UTC time (``Frame.utc``) the gateway can use as a clock source.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal
 
 from .frames import Frame, FrameError
+from .serialsensor import SerialOptions, serial_type
 
 MAX_SENTENCE = 120  # NMEA says 82; receivers overrun it a little
 
@@ -126,3 +128,16 @@ class NMEAParser:
             knots = _num(f[7])
             values["speed"] = (None if knots is None else round(knots * 0.514444, 3), "m/s")
         return Frame(values, utc=utc, kind="RMC")
+
+
+class NMEAOptions(SerialOptions):
+    type: Literal["nmea"]
+
+
+SENSOR = serial_type(
+    "nmea",
+    NMEAOptions,
+    NMEAParser,
+    summary="NMEA 0183 GPS: position, and UTC as a clock source",
+    clock_source="gps",
+)

@@ -12,18 +12,17 @@ import asyncio
 import re
 import time
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from .api import BufferSink, Driver, SensorReading, Sink
+from .errors import ProbeError
+from .registry import Provided, SensorOptions, SensorType
 
 W1_DEVICES = Path("/sys/bus/w1/devices")
 FAMILY = "28-"  # DS18B20
 POWER_ON_MILLIDEGREES = 85000
-
-
-class ProbeError(Exception):
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(detail)
-        self.kind = kind
 
 
 def discover(base: Path = W1_DEVICES) -> list[str]:
@@ -107,3 +106,29 @@ class DS18B20(Driver):
             await loop.run_in_executor(None, self.poll, buffer)
             buffer.replay(sink)  # back on the loop's thread
             await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+
+class DS18B20Options(SensorOptions):
+    type: Literal["ds18b20"]
+    interval_s: Annotated[float, Field(gt=0)] = 30.0
+    devices: list[str] | None = None
+    names: dict[str, str] | None = None
+    base: str | None = None  # the sysfs bus directory (tests); default W1_DEVICES
+
+
+def build(cfg: DS18B20Options, provided: Provided) -> DS18B20:
+    return DS18B20(
+        cfg.id,
+        base=Path(cfg.base) if cfg.base else W1_DEVICES,
+        devices=cfg.devices,
+        names=cfg.names,
+        interval_s=cfg.interval_s,
+    )
+
+
+SENSOR = SensorType(
+    "ds18b20",
+    DS18B20Options,
+    build,
+    summary="DS18B20 1-Wire temperature probes (the kernel's w1 sysfs)",
+)

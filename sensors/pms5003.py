@@ -10,8 +10,10 @@ Datasheet frame: start ``0x42 0x4D``; frame length (2 bytes, big endian) = 28;
 from __future__ import annotations
 
 import struct
+from typing import Literal
 
 from .frames import Frame, FrameError
+from .serialsensor import SerialOptions, serial_type
 
 START = b"\x42\x4d"
 FRAME_LEN = 32
@@ -69,3 +71,15 @@ class PMS5003Parser:
                     kind="pms5003",
                 )
             )
+
+
+class PMS5003Options(SerialOptions):
+    type: Literal["pms5003"]
+
+
+SENSOR = serial_type(
+    "pms5003",
+    PMS5003Options,
+    PMS5003Parser,
+    summary="Plantower PMS5003 particulates: PM1, PM2.5, PM10",
+)

@@ -20,9 +20,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from .api import Driver, SensorReading, Sink
+from .errors import SensorConfigError
 from .pins import InputPin
+from .registry import Need, Provided, SensorOptions, SensorType
 
 
 class PulseCounter(Driver):
@@ -40,7 +45,7 @@ class PulseCounter(Driver):
     ) -> None:
         super().__init__(sensor)
         if edge not in ("falling", "rising"):
-            raise ValueError("edge must be 'falling' or 'rising'")
+            raise SensorConfigError("edge must be 'falling' or 'rising'")
         self.pin = pin
         self.scale, self.unit = scale, unit
         self.interval_s, self.debounce_s = interval_s, debounce_s
@@ -88,3 +93,45 @@ class PulseCounter(Driver):
             now = time.monotonic()
             self.report(sink, now - last)
             last = now
+
+    def saved_state(self) -> str:
+        # Committed with each reading, so a restart resumes the total it reported.
+        return str(self.pulses_total)
+
+
+class PulseOptions(SensorOptions):
+    type: Literal["pulse"]
+    pin: Annotated[int, Field(ge=0, le=53)]
+    pull: Literal["up", "down", "none"] = "up"
+    edge: Literal["falling", "rising"] = "falling"
+    debounce_s: Annotated[float, Field(ge=0)] = 0.01
+    scale: float = 1.0
+    unit: str = "pulses"
+    interval_s: Annotated[float, Field(gt=0)] = 60.0
+    # Only with `gpio: simulated` (demo, development): pulses a second to fake. The
+    # gateway starts them on the simulated pin; the driver never sees it.
+    simulated_rate_hz: Annotated[float, Field(ge=0)] = 0.5
+
+
+def build(cfg: PulseOptions, provided: Provided) -> PulseCounter:
+    assert provided.gpio is not None  # the registry refuses a GPIO type without a backend
+    return PulseCounter(
+        cfg.id,
+        provided.gpio.input(cfg.pin, cfg.pull),
+        scale=cfg.scale,
+        unit=cfg.unit,
+        interval_s=cfg.interval_s,
+        debounce_s=cfg.debounce_s,
+        edge=cfg.edge,
+        start_pulses=int(provided.saved) if provided.saved else 0,
+    )
+
+
+SENSOR = SensorType(
+    "pulse",
+    PulseOptions,
+    build,
+    needs={Need.GPIO, Need.STATE},
+    state_key="pulses_total",
+    summary="pulse counter: rain gauge, water meter, S0 energy meter",
+)

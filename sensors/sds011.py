@@ -6,7 +6,10 @@ CHK = (d1 + ... + d6) & 0xFF. Command replies (``AA C5 ...``) are skipped.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from .frames import Frame, FrameError
+from .serialsensor import SerialOptions, serial_type
 
 HEAD, TAIL, DATA, REPLY = 0xAA, 0xAB, 0xC0, 0xC5
 
@@ -54,3 +57,15 @@ class SDS011Parser:
             pm25 = (frame[3] << 8 | frame[2]) / 10
             pm10 = (frame[5] << 8 | frame[4]) / 10
             out.append(Frame({"pm2_5": (pm25, "ug/m3"), "pm10": (pm10, "ug/m3")}, kind="sds011"))
+
+
+class SDS011Options(SerialOptions):
+    type: Literal["sds011"]
+
+
+SENSOR = serial_type(
+    "sds011",
+    SDS011Options,
+    SDS011Parser,
+    summary="Nova SDS011 particulates: PM2.5, PM10",
+)

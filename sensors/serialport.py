@@ -4,17 +4,18 @@
 ``socket://host:port`` and pseudo-terminals all work. Reads run in a worker
 thread with a short timeout; an unplugged USB adapter (an OSError or
 SerialException) is reported by the caller and the port is reopened with
-exponential backoff until it comes back.
+exponential backoff until it comes back (backoff.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from typing import Any
 
 import serial
+
+from .backoff import reopen_delay
 
 
 class SerialPort:
@@ -57,8 +58,7 @@ class SerialPort:
         await asyncio.to_thread(self._port.write, data)
 
     async def wait_reopen(self, attempt: int) -> None:
-        delay = min(self.max_reopen_delay, self.reopen_delay * 2**attempt)
-        await asyncio.sleep(random.uniform(delay / 2, delay))
+        await asyncio.sleep(reopen_delay(attempt, self.reopen_delay, self.max_reopen_delay))
 
     def close(self) -> None:
         if self._port is not None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Annotated, Protocol, TypeVar
 
 import serial
+from pydantic import Field
 
 from .api import ClockFix, Driver, SensorReading, Sink
 from .frames import Frame, FrameError
+from .registry import Need, Provided, SensorOptions, SensorType
 from .serialport import SerialPort
 
 
@@ -89,3 +91,39 @@ class SerialSensor(Driver):
         for suffix, (value, unit, mono) in self._latest.items():
             sink.reading(SensorReading(f"{self.sensor}.{suffix}", value, unit, mono=mono))
         self._latest.clear()
+
+
+class SerialOptions(SensorOptions):
+    """What every serial sensor takes; its module adds ``type: Literal["its name"]``."""
+
+    port: str  # anything serial_for_url opens: /dev/serial0, /dev/ttyUSB0, socket://...
+    baud: int | None = None  # default: the sensor type's
+    interval_s: Annotated[float, Field(ge=0)] = 60.0
+    silence_s: Annotated[float, Field(gt=0)] = 10.0
+
+
+S = TypeVar("S", bound=SerialOptions)
+
+
+def serial_type(
+    name: str,
+    options: type[S],
+    parser: Callable[[], Parser],
+    *,
+    summary: str,
+    baud: int = 9600,
+    clock_source: str | None = None,
+) -> SensorType[S]:
+    """The declaration of a serial sensor type: a frame parser behind ``SerialSensor``."""
+
+    def build(cfg: S, provided: Provided) -> SerialSensor:
+        return SerialSensor(
+            cfg.id,
+            SerialPort(cfg.port, cfg.baud or baud),
+            parser,
+            interval_s=cfg.interval_s,
+            silence_s=cfg.silence_s,
+            clock_source=clock_source,
+        )
+
+    return SensorType(name, options, build, needs={Need.SERIAL}, summary=summary)

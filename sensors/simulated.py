@@ -10,9 +10,14 @@ import asyncio
 import math
 import random
 import time
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from .api import Driver, SensorReading, Sink
+from .errors import SensorConfigError
 from .pins.simulated import SIMULATED
+from .registry import Provided, SensorOptions, SensorType
 
 SIGNALS = ("sine", "random_walk", "counter")
 
@@ -33,7 +38,7 @@ class SimulatedSensor(Driver):
     ) -> None:
         super().__init__(sensor)
         if signal not in SIGNALS:
-            raise ValueError(f"signal must be one of {SIGNALS}, not {signal!r}")
+            raise SensorConfigError(f"signal must be one of {SIGNALS}, not {signal!r}")
         self.signal, self.unit, self.interval_s = signal, unit, interval_s
         self.base, self.amplitude, self.period_s, self.step = base, amplitude, period_s, step
         self._rng = random.Random(seed)
@@ -56,3 +61,27 @@ class SimulatedSensor(Driver):
             value = self.sample(now - start)
             sink.reading(SensorReading(self.sensor, value, self.unit, mono=now, flags=(SIMULATED,)))
             await asyncio.sleep(self.interval_s)
+
+
+class SimulatedOptions(SensorOptions):
+    type: Literal["simulated"]
+    signal: Literal["sine", "random_walk", "counter"] = "sine"
+    unit: str | None = None
+    interval_s: Annotated[float, Field(gt=0)] = 1.0
+    base: float = 20.0
+    amplitude: float = 5.0
+    period_s: Annotated[float, Field(gt=0)] = 600.0
+    step: float = 0.1
+    seed: int | None = None
+
+
+def build(cfg: SimulatedOptions, provided: Provided) -> SimulatedSensor:
+    return SimulatedSensor(cfg.id, **cfg.model_dump(exclude={"id", "type"}))
+
+
+SENSOR = SensorType(
+    "simulated",
+    SimulatedOptions,
+    build,
+    summary="made-up signals for the demo and development, flagged simulated",
+)

@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import ssl
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .codec import Decoder, ProtocolError, encode
-from .errors import TransportError
+from .backoff import Backoff as Backoff  # still importable from here (pipeline/, fleetstatus)
+from .codec import Decoder, encode
+from .errors import ConnectionClosed as ConnectionClosed
+from .errors import ConnectRefused as ConnectRefused
+from .errors import ProtocolError
 from .packets import (
     MQTT_5,
     MQTT_311,
@@ -41,16 +43,6 @@ CONNACK_311 = {
     4: "bad user name or password",
     5: "not authorized",
 }
-
-
-class ConnectionClosed(TransportError):
-    """The peer closed the connection."""
-
-
-class ConnectRefused(TransportError):
-    def __init__(self, code: int, text: str) -> None:
-        super().__init__(f"broker refused the connection: {text} (code {code:#04x})")
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -151,12 +143,16 @@ class Connection:
             raise ConnectionClosed(str(exc)) from exc
         self._last_sent = time.monotonic()
 
-    async def recv_until(self, stop: asyncio.Event, timeout: float = 1.0) -> list[Packet]:
-        """``recv(timeout)``, or [] as soon as ``stop`` is set (receivers that stop cleanly)."""
+    async def recv_until(
+        self, stop: asyncio.Event, timeout: float = 1.0, *also: asyncio.Event
+    ) -> list[Packet]:
+        """``recv(timeout)``, or [] as soon as ``stop`` (or one of ``also``: work to do
+        meanwhile) is set (receivers that stop cleanly)."""
         recv = asyncio.ensure_future(self.recv(timeout))
-        stopping = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({recv, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
+        events = [asyncio.ensure_future(e.wait()) for e in (stop, *also)]
+        done, _ = await asyncio.wait({recv, *events}, return_when=asyncio.FIRST_COMPLETED)
+        for e in events:
+            e.cancel()
         if recv in done:
             return recv.result()
         recv.cancel()
@@ -300,20 +296,3 @@ async def connect(
         conn.keepalive = connack.properties["server_keep_alive"]
     conn.broker_max_packet_size = connack.properties.get("maximum_packet_size")
     return conn, connack
-
-
-class Backoff:
-    """Exponential backoff with full jitter (the AWS architecture blog's variant)."""
-
-    def __init__(self, base: float = 0.2, cap: float = 30.0, rng: random.Random | None = None):
-        self.base, self.cap = base, cap
-        self.attempt = 0
-        self._rng = rng or random.Random()
-
-    def next_delay(self) -> float:
-        delay = self._rng.uniform(0, min(self.cap, self.base * 2**self.attempt))
-        self.attempt += 1
-        return delay
-
-    def reset(self) -> None:
-        self.attempt = 0

@@ -11,7 +11,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from .errors import TransportError
+from .errors import ProtocolError as ProtocolError
 from .packets import (
     MQTT_5,
     MQTT_311,
@@ -39,14 +39,6 @@ from .packets import (
 )
 
 MAX_REMAINING_LENGTH = 268_435_455
-
-
-class ProtocolError(TransportError):
-    """The peer sent bytes that break the MQTT rules; close its connection."""
-
-    def __init__(self, message: str, reason: int = Reason.MALFORMED_PACKET) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 # ---------------------------------------------------------------- properties

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import ConnectOptions, TLSOptions
+from .errors import BadLine
 from .packets import MQTT_5, MQTT_311
 from .running import run_until_stopped
 from .store import Reading, Store
@@ -21,12 +22,6 @@ from .uplink import Uplink, UplinkConfig
 from .wire import GAUGE, KINDS, parse_key, wire_time
 
 log = logging.getLogger(__name__)
-
-
-class BadLine(ValueError):
-    """A line of an import file that is not a valid reading."""
-
-    pass
 
 
 def _open_store(args: argparse.Namespace) -> Store:
@@ -97,8 +92,10 @@ def normalise_ts(ts: str) -> str:
 def store_import(args: argparse.Namespace) -> int:
     path = Path(args.file)
     with _open_store(args) as store:
+        readings = parse_jsonl(path)
         try:
-            first, last = store.append(parse_jsonl(path))
+            # One op, all or nothing; it reads the file as it goes, so it cannot run twice.
+            first, last = store.commit(lambda db: store.append_in(db, readings), retry=False)
         except (BadLine, OSError) as exc:
             print(f"pubcomp store import: {exc}; nothing was imported", file=sys.stderr)
             return 1

@@ -29,17 +29,15 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .client import ConnectOptions, connect
-from .errors import TransportError
+from .client import BrokerURL, ConnectOptions, connect
+from .errors import StoreError, TransportError
+from .groupcommit import GroupCommit
 from .packets import Disconnect, Puback, Publish
-from .store import StoreError
-from .wire import encode_payload
-
-if TYPE_CHECKING:
-    from .uplink import Uplink
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +56,47 @@ class DegradedStats:
     last_error: str | None = None
 
 
-class DegradedDelivery:
-    """Runs while the store is unwritable; see the module docstring."""
+@dataclass(frozen=True)
+class DegradedLink:
+    """What the degraded session takes from its uplink, handed over rather than reached
+    for (sync/uplink.py builds it): where to connect, and what a message may be."""
 
-    def __init__(self, uplink: Uplink, probe_every: float = PROBE_EVERY_S) -> None:
-        self.up = uplink
-        self.store = uplink.store
+    url: BrokerURL
+    options: ConnectOptions  # the uplink's; the degraded session's client id is its + "-ro"
+    topic: str
+    batch: int  # readings per message, at most
+    max_bytes: int  # payload bytes per message, at most
+    overhead: int  # bytes a payload adds to its readings (what sizes are reckoned with)
+    encode: Callable[[list[bytes]], bytes]  # a message's payload from its rows' bodies
+
+
+class DegradedDelivery:
+    """Runs while the store is unwritable; see the module docstring. ``on_state`` is
+    told the uplink's state while it runs ("degraded")."""
+
+    def __init__(
+        self,
+        store: Store,
+        commits: GroupCommit,
+        link: DegradedLink,
+        on_state: Callable[[str], None],
+        probe_every: float = PROBE_EVERY_S,
+    ) -> None:
+        self.store = store
+        self.commits = commits
+        self.link = link
+        self.on_state = on_state
         self.probe_every = probe_every
         self.stats = DegradedStats()
         self.opts: ConnectOptions = dataclasses.replace(
-            uplink.opts, client_id=f"{uplink.opts.client_id}-ro"
+            link.options, client_id=f"{link.options.client_id}-ro"
         )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver what the store holds until it can be written again (or ``stop``)."""
         st = self.stats
         st.active, st.since, st.episodes = True, time.time(), st.episodes + 1
-        self.up.status.state = "degraded"
+        self.on_state("degraded")
         log.error(
             "store unwritable: delivering what it holds on session %s (QoS 1, not durable)",
             self.opts.client_id,
@@ -107,13 +129,13 @@ class DegradedDelivery:
         """A small real commit: True once the store takes writes again."""
         self.stats.probes += 1
         with contextlib.suppress(StoreError):
-            await self.up.commits.submit(self.store.probe_write_in, within=0)
+            await self.commits.submit(self.store.probe_write_in, within=0)
         return self.store.write_state.writable
 
     async def _session(self, stop: asyncio.Event, done_upto: int, until: float) -> int:
         """One connection of the degraded session, until ``until`` (monotonic), a stop,
         or the store writable again; returns how far the PUBACKs got."""
-        conn, _ = await connect(self.up.url, self.opts, clean_start=True, session_expiry=0)
+        conn, _ = await connect(self.link.url, self.opts, clean_start=True, session_expiry=0)
         try:
             cursor = done_upto
             inflight: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
@@ -128,8 +150,8 @@ class DegradedDelivery:
                     next_pid = next_pid % 65535 + 1
                     while next_pid in inflight:
                         next_pid = next_pid % 65535 + 1
-                    payload = encode_payload(self.store.gateway_id, bodies)
-                    await conn.send(Publish(self.up.topic, payload, 1, packet_id=next_pid))
+                    payload = self.link.encode(bodies)
+                    await conn.send(Publish(self.link.topic, payload, 1, packet_id=next_pid))
                     inflight[next_pid] = (last, sum(n for _, n, _ in rows))
                     cursor = last
                 left = until - time.monotonic()
@@ -151,12 +173,12 @@ class DegradedDelivery:
     def _next_message(self, after_seq: int) -> list[tuple[int, int, bytes]]:
         """The outbox rows of the next message above ``after_seq``: about a batch of
         readings within the payload limit (the read connection: no write needed)."""
-        rows = self.store.waiting_rows(after_seq, self.up.cfg.batch)
+        link = self.link
+        rows = self.store.waiting_rows(after_seq, link.batch)
         out: list[tuple[int, int, bytes]] = []
-        size, count = len(self.up._head) + 2, 0
-        cfg = self.up.cfg
+        size, count = link.overhead, 0
         for seq, n, body in rows:
-            if out and (size + len(body) + 1 > cfg.max_bytes or count + n > cfg.batch):
+            if out and (size + len(body) + 1 > link.max_bytes or count + n > link.batch):
                 break
             out.append((seq, n, body))
             size, count = size + len(body) + 1, count + n

@@ -53,7 +53,8 @@ class EndToEnd:
         self.acks: collections.Counter[str] = collections.Counter()
         self.landed_at: float | None = None  # wall time something last landed
         self.idle_rounds = 0  # rounds of re-sends since something last landed
-        self.subscription: str = "not yet"  # "granted QoS 1", "refused 0x87", ...
+        self.subscription: str = "not yet"  # "requested", "granted QoS 1", "refused 0x87"
+        self.refused_by: int | None = None  # the SUBACK's failure code, if the broker refused
         self._logged: set[str] = set()
 
     # ------------------------------------------------------------ judging

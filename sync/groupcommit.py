@@ -47,7 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .store import DbOp, Store, StoreFull, StoreUnwritable
+from .errors import StoreFull, StoreUnwritable
+from .store import DbOp, Store
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class _Op:
     done: asyncio.Future[Any] | None
     # The producer waiting for it (a node, for its PUBACK): counts towards a full group
     peer: str | None = None
+    # Readings up to this seq are taken into the message(s) this op commits (``submit``)
+    claims: int = 0
 
 
 @dataclass
@@ -95,6 +98,10 @@ class GroupCommit:
         # what it keeps in flight when it sends as fast as it may.
         self._window: dict[str, collections.deque[int]] = {}
         self._peak: dict[str, int] = {}
+        # The claims of ops not yet committed (``submit``), and their highest, which the
+        # committing thread reads (``claimed``) while it runs a group.
+        self._claims: collections.Counter[int] = collections.Counter()
+        self._claimed = 0
 
     # ------------------------------------------------------------ producers
 
@@ -105,16 +112,25 @@ class GroupCommit:
         within: float | None = None,
         frees: bool = False,
         peer: str | None = None,
+        claims: int = 0,
     ) -> Any:
         """Queue ``fn(db)`` for a group; returns a future of its result, set after the COMMIT.
 
         ``within``: the longest it may wait for company (default ``commit_delay``).
         ``peer``: the producer that waits for this commit (a node): when as many
         producers wait as did together lately, the group commits at once.
+        ``claims``: ``fn`` takes the readings up to this seq into messages whose payloads
+        are built already (the uplink's new PUBLISHes): until it is committed, no other
+        op (a quota drop, a clock correction) may drop or rewrite them.
         """
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue(_Op(fn, self._deadline(within), frees, fut, peer))
+        self._queue(_Op(fn, self._deadline(within), frees, fut, peer, claims))
         return fut
+
+    def claimed(self) -> int:
+        """The highest seq claimed by an op not yet committed (0 if none): what the store
+        keeps every op of a group from touching (``Store.commit_ops``'s ``claimed``)."""
+        return self._claimed
 
     def submit_nowait(self, fn: DbOp, *, within: float, frees: bool = False) -> None:
         """Queue ``fn(db)`` with nobody waiting for it (a failure is logged and counted)."""
@@ -149,6 +165,9 @@ class GroupCommit:
         if self._closed and not self._running:
             raise RuntimeError("group commit is closed")
         self._pending.append(op)
+        if op.claims:
+            self._claims[op.claims] += 1
+            self._claimed = max(self._claimed, op.claims)
         if op.peer is not None:
             self._peers_pending[op.peer] += 1
             self._unacked[op.peer] += 1
@@ -238,6 +257,10 @@ class GroupCommit:
             self.stats.last_error = None
             self.store.notify()
         self._unacked -= peers  # (the window of a producer stays: nodes are few and named)
+        claims = collections.Counter(op.claims for op in group if op.claims)
+        if claims:
+            self._claims -= claims
+            self._claimed = max(self._claims, default=0)
         for op, (ok, value) in zip(group, outcomes, strict=True):
             if op.done is None:
                 if not ok and not isinstance(value, StoreFull | StoreUnwritable):
@@ -254,4 +277,4 @@ class GroupCommit:
         """In the worker thread: the group's transaction (``Store.commit_ops``: a full
         disk makes room or refuses what adds data; a file system that refuses writes
         fails the whole group with ``StoreUnwritable``, recorded in the store)."""
-        return self.store.commit_ops([(op.fn, op.frees) for op in group])
+        return self.store.commit_ops([(op.fn, op.frees) for op in group], claimed=self.claimed)

@@ -13,8 +13,8 @@ import signal
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from .client import Backoff, ConnectRefused
-from .errors import TransportError
+from .backoff import Backoff
+from .errors import ConnectRefused, TransportError
 
 T = TypeVar("T")
 
@@ -37,25 +37,33 @@ def run_until_stopped(work: Callable[[asyncio.Event], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
+# What ends a connection of our own client, to be tried again.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (TransportError, OSError, TimeoutError)
+
+
 async def reconnecting(
     stop: asyncio.Event,
     connection: Callable[[Backoff], Awaitable[bool | None]],
     failed: Callable[[str, BaseException], Awaitable[None] | None],
+    *,
+    backoff: Backoff | None = None,
+    errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS,
 ) -> None:
     """``connection(backoff)`` (one connection's life: it resets the back-off once it is
     up) again and again until ``stop``, or until it returns True (its work is done). One
-    that ends in a TransportError, OSError or TimeoutError is told to ``failed`` (a
-    sentence, and the error; awaited if it is a coroutine) and tried again after the
-    back-off's next delay."""
-    backoff = Backoff()
+    that ends in one of ``errors`` (by default a TransportError, OSError or TimeoutError;
+    a connection made by another library names its own, aiomqtt's MqttError) is told to
+    ``failed`` (a sentence, and the error; awaited if it is a coroutine; what ``failed``
+    raises ends the loop) and tried again after the back-off's next delay."""
+    backoff = backoff or Backoff()
     while not stop.is_set():
         try:
             if await connection(backoff) is True:
                 return
-        except ConnectRefused as exc:
-            await _told(failed, str(exc), exc)  # its text says why, with the reason code
-        except (TransportError, OSError, TimeoutError) as exc:
-            await _told(failed, f"{type(exc).__name__}: {exc}", exc)
+        except errors as exc:
+            # A refusal's text says why, with the reason code.
+            why = str(exc) if isinstance(exc, ConnectRefused) else f"{type(exc).__name__}: {exc}"
+            await _told(failed, why, exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), backoff.next_delay())
 

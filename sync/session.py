@@ -61,7 +61,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .errors import TransportError
+from .errors import SessionError as SessionError
 from .packets import (
     MQTT_5,
     Packet,
@@ -84,10 +84,6 @@ class OutState(enum.StrEnum):
     QUEUED = "QUEUED"
     PUBLISH_SENT = "PUBLISH_SENT"
     PUBREL_SENT = "PUBREL_SENT"
-
-
-class SessionError(TransportError):
-    """The peer broke a session rule; close the connection (MQTT-4.8.0-1)."""
 
 
 @dataclass(slots=True)

@@ -28,18 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import faults
-from .client import (
-    Backoff,
-    BrokerURL,
-    Connection,
-    ConnectionClosed,
-    ConnectOptions,
-    ConnectRefused,
-    connect,
-)
-from .codec import ProtocolError
-from .degraded import DegradedDelivery
+from .backoff import Backoff
+from .client import BrokerURL, Connection, ConnectOptions, connect
+from .degraded import DegradedDelivery, DegradedLink
 from .endtoend import EndToEnd
+from .errors import (
+    ConnectionClosed,
+    ConnectRefused,
+    ProtocolError,
+    SessionError,
+    StoreFull,
+    StoreUnwritable,
+)
 from .faults import crash_point
 from .groupcommit import GroupCommit
 from .packets import (
@@ -67,9 +67,8 @@ from .session import (
     Reply,
     ResendPublish,
     SenderSession,
-    SessionError,
 )
-from .store import Message, Store, StoreFull, StoreUnwritable
+from .store import Message, Store
 from .wire import encode_payload, payload_head
 
 log = logging.getLogger(__name__)
@@ -282,7 +281,19 @@ class Uplink:
         store.add_listener(self._on_new_readings)
         # While the store cannot be written, what it holds goes out on a session of its
         # own (sync/degraded.py); this session's persisted state waits untouched.
-        self.degraded = DegradedDelivery(self)
+        link = DegradedLink(
+            self.url,
+            options,
+            self.topic,
+            self.cfg.batch,
+            self.cfg.max_bytes,
+            overhead=len(self._head) + 2,
+            encode=lambda bodies: encode_payload(store.gateway_id, bodies),
+        )
+        self.degraded = DegradedDelivery(store, self.commits, link, self._set_state)
+
+    def _set_state(self, state: str) -> None:
+        self.status.state = state
 
     # ------------------------------------------------------------ public
 
@@ -297,14 +308,17 @@ class Uplink:
                 self.commits.close()
                 await committer
 
-    async def commit(self, fn: Any, urgent: bool = True, frees: bool = True) -> Any:
+    async def commit(
+        self, fn: Any, urgent: bool = True, frees: bool = True, claims: int = 0
+    ) -> Any:
         """Run ``fn(db)`` in the next group commit and wait until it is durable.
 
         Everything the uplink commits is a session transition or a delivery, never new
         data: on a full disk it may spend the store's reserve (``frees``), since what it
-        leads to (PUBCOMP, landing) frees room again."""
+        leads to (PUBCOMP, landing) frees room again. ``claims``: the readings up to this
+        seq are in payloads built already (sync/groupcommit.py ``submit``)."""
         within = None if urgent else self.cfg.linger
-        return await self.commits.submit(fn, within=within, frees=frees)
+        return await self.commits.submit(fn, within=within, frees=frees, claims=claims)
 
     async def _run(self, stop: asyncio.Event, exit_when_drained: bool) -> None:
         adopted: list[int] = []  # once, before the first connection (a held store waits)
@@ -391,6 +405,7 @@ class Uplink:
         return {
             "enabled": True,
             "subscription": e2e.subscription,
+            "subscription_refused": e2e.refused_by,
             "awaiting_landing": st["awaiting_landing"],
             "awaiting_messages": st["awaiting_messages"],
             "awaiting_age_s": st["awaiting_age_s"],
@@ -438,7 +453,7 @@ class Uplink:
             st.catch_up = {
                 "since": time.time(),
                 "backlog": backlog,
-                "up_to_seq": self.store.last_seq(),
+                "up_to_seq": self.store.given_seq(),
                 "delivered_before": st.delivered,
             }
         if self.on_connect is not None:
@@ -456,7 +471,7 @@ class Uplink:
     def _check_drained(self) -> None:
         """Once the readings waiting at the connection are all delivered: log the drain."""
         c = self.status.catch_up
-        if c is None or self.store.oldest_seq() <= c["up_to_seq"]:
+        if c is None or self.store.oldest_undelivered_seq() <= c["up_to_seq"]:
             return
         now = time.time()
         took = now - c["since"]
@@ -636,17 +651,18 @@ class _Link:
         self.pending_resend = resend
         self.qos = qos
         self.max_bytes = max_bytes
-        self.cursor = self.store.high_seq()
+        self.cursor = self.store.taken_seq()
         self.partial_since: float | None = None  # when a short batch began to linger
         self.lingering = up.cfg.linger > 0
         self.backed_up = False  # a full batch was waiting at the last fill
         self.refusals: dict[int, int] = {}  # per message (ord): refusals so far
         self.held_until = 0.0  # no new PUBLISH before this (monotonic): backing off
         self.store_full = False  # the last fill found the disk full (logged once)
+        self.completing = 0  # completions submitted whose commit has not returned yet
         self.e2e = up.e2e
         self.next_landing_check = time.monotonic()
         if self.e2e is not None:
-            self.e2e.sent(self.store.sent_high_seq())
+            self.e2e.sent(self.store.sent_seq())
             if self.e2e.epoch != self.store.epoch:  # the store was replaced under us
                 self.e2e.epoch = self.store.epoch
 
@@ -675,7 +691,9 @@ class _Link:
         """Nothing left to send; end to end, nothing left awaiting its landing either."""
         if not self.delivered_all():
             return False
-        return self.e2e is None or self.store.awaiting_messages() == 0
+        # A completion on its way may be a move to awaiting_landing: not drained until
+        # it is committed and what it moved is landed too.
+        return self.e2e is None or (self.completing == 0 and self.store.awaiting_messages() == 0)
 
     def landing_check_left(self) -> float | None:
         """Seconds until the next look for messages not landed in time, or None."""
@@ -801,9 +819,8 @@ class _Link:
         if self.e2e is not None:
             self.e2e.sent(max(m.last_seq for m in msgs))
         # Rule 1: the packet ids are durable before the PUBLISHes are written. Until
-        # that commit returns, the readings are claimed: no quota drop or clock
-        # correction in the same group may change what these payloads carry.
-        self.store.claimed_seq = self.cursor
+        # that commit returns, the readings up to the cursor are claimed: no quota drop
+        # or clock correction committed meanwhile may change what these payloads carry.
         try:
             # A session transition: on a full disk it may spend the reserve (frees), as
             # the deliveries it leads to give the room back.
@@ -811,13 +828,12 @@ class _Link:
                 lambda db: self.store.begin_messages_in(db, self.key, msgs),
                 self.urgent(),
                 frees=True,
+                claims=self.cursor,
             )
         except BaseException:
             for m in msgs:
                 self.session.forget_allocation(m.packet_id)  # type: ignore[arg-type]
             raise
-        finally:
-            self.store.claimed_seq = 0
         for m, o in zip(msgs, ords, strict=True):
             m.ord, m.state = o, OutState.PUBLISH_SENT
         crash_point("publish_persisted")
@@ -864,6 +880,7 @@ class _Link:
         return out, None
 
     def _forgotten(self, _: asyncio.Future[int]) -> None:
+        self.completing -= 1
         self.up._check_drained()
 
     def _let_go(self, done: asyncio.Future[int]) -> None:
@@ -876,6 +893,7 @@ class _Link:
         code = pkt.reason_codes[0] if pkt.reason_codes else 0x80
         if code >= 0x80:
             self.e2e.subscription = f"refused {code:#04x}"
+            self.e2e.refused_by = code
             log.warning(
                 "the broker refused our subscription to %s (%#04x): no landed "
                 "acknowledgements will arrive, so delivered readings are kept and "
@@ -885,6 +903,7 @@ class _Link:
             )
         else:
             self.e2e.subscription = f"granted QoS {code}"
+            self.e2e.refused_by = None
 
     async def read_acks(self, pkts: list[Any]) -> None:
         """Commit what the acknowledgements say in one transaction, then answer."""
@@ -966,6 +985,7 @@ class _Link:
                 within=self.up.cfg.completion_delay,
                 frees=True,
             )
+            self.completing += 1
             done.add_done_callback(self._forgotten)
         if landed:
             # Lazily too: until it is committed the readings are only kept a little

@@ -64,7 +64,9 @@ KINDS: tuple[Kind, ...] = ("gauge", "counter", "total")
 
 class NodeReading(BaseModel):
     model_config = _STRICT
-    sensor: Annotated[str, Field(min_length=1, max_length=64)]
+    # A name starting with "$" is the gateway's: its records ($ledger, ...) travel as
+    # readings, and a node must not be able to write one.
+    sensor: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^$]")]
     value: float | None
     unit: Annotated[str, Field(max_length=16)] | None
     dt: Annotated[float, Field(ge=0, le=MAX_DT_S)] = 0.0

@@ -26,10 +26,10 @@ from devkit.gateway_helpers import GatewayProc, PahoNode
 from devkit.link import LinkProxy
 from devkit.node_helpers import wait_until
 from devkit.powercut import PowerCutMount, fuse_missing
+from devkit.store_helpers import append, append_batches, apply, begin
 from pubcomp.gateway import commitlog
 from pubcomp.gateway.commands import EXIT_STORE_UNWRITABLE
 from pubcomp.gateway.status import verdict
-from pubcomp.sync import store as store_module
 from pubcomp.sync.session import OutState
 from pubcomp.sync.store import (
     IO_ERRORS,
@@ -39,6 +39,7 @@ from pubcomp.sync.store import (
     Store,
     StoreUnwritable,
 )
+from pubcomp.sync.store import files as store_files
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 
@@ -167,7 +168,8 @@ LEAVE_WAL = """
 import os, sys
 from pubcomp.sync.store import Reading, Store
 s = Store(sys.argv[1], gateway_id=sys.argv[2])
-s.append([Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(25)])
+batch = [Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(25)]
+s.commit(lambda db: s.append_in(db, batch))
 print(s.epoch, flush=True)
 os._exit(0)  # a crash: the WAL and its shared-memory file stay beside the store
 """
@@ -192,7 +194,7 @@ def test_a_gateway_started_on_a_dying_card_delivers_what_the_store_holds_and_mov
     gw = GatewayProc(tmp_path, mosquitto.port, nodes={"n1": "pw-1"})
     if left == "closed":
         with Store(db, gateway_id=gw.gid) as s:
-            s.append([Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(25)])
+            append(s, [Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(25)])
             epoch = s.epoch
     else:
         out = subprocess.run(
@@ -272,7 +274,7 @@ def test_a_held_store_reads_refuses_writes_and_opens_for_writing_once_the_card_h
     """The store under the gateway above: a crashed writer's WAL on a card failing with
     EIO is read from a copy in memory; every write is refused (counted); after the heal
     the next write opens the file for writing, the copy is dropped, the epoch is kept."""
-    monkeypatch.setattr(store_module, "REOPEN_EVERY_S", 0.0)  # try at every write
+    monkeypatch.setattr(store_files, "REOPEN_EVERY_S", 0.0)  # try at every write
     db = disk.path / "s.db"
     subprocess.run([sys.executable, "-c", LEAVE_WAL, str(db), "gw"], check=True, timeout=60)
     disk.eio()
@@ -281,16 +283,16 @@ def test_a_held_store_reads_refuses_writes_and_opens_for_writing_once_the_card_h
     s = Store(db, hold_if_unwritable=True)
     try:
         assert s.held and not s.write_state.writable and s.write_state.kind == IO_ERRORS
-        copy = s._held_copy
+        copy = s.held_copy
         assert copy is not None and copy.is_dir()
         rows = s.waiting_rows(0, 100)
         assert sum(n for _, n, _ in rows) == 25 and s.stats()["backlog"] == 25
         errors = s.write_state.errors
         with pytest.raises(StoreUnwritable):
-            s.append([Reading("t", 99.0, "2026-11-21T00:00:00.000Z", "C")])
+            append(s, [Reading("t", 99.0, "2026-11-21T00:00:00.000Z", "C")])
         assert s.write_state.errors == errors + 1 and s.held
         disk.heal()
-        first, last = s.append([Reading("t", 99.0, "2026-11-21T00:00:00.000Z", "C")])
+        first, last = append(s, [Reading("t", 99.0, "2026-11-21T00:00:00.000Z", "C")])
         assert (first, last) == (26, 26)  # ids go on from the held store's: no seq reused
         assert not s.held and s.write_state.writable and not copy.exists()
         assert s.stats()["backlog"] == 26
@@ -305,24 +307,25 @@ def test_a_held_store_reads_refuses_writes_and_opens_for_writing_once_the_card_h
 def test_writes_outside_the_group_commit_say_unwritable_too(
     disk: PowerCutMount, fault: str, kind: str
 ) -> None:
-    """``Store.append`` (store import, the standalone uplink's producers) and
-    ``append_batches`` classify a refusing card as the group commit does: StoreUnwritable,
-    recorded in the write state, cleared by the next write that succeeds."""
+    """Readings committed outside the group commit (``Store.commit``: store import, the
+    standalone uplink's producers), with or without message keys, classify a refusing
+    card as the group commit does: StoreUnwritable, recorded in the write state, cleared
+    by the next write that succeeds."""
 
     def batch(i: int) -> list[Reading]:
         return [Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C")]
 
     with Store(disk.path / "s.db", gateway_id="gw") as s:
-        s.append(batch(0))
+        append(s, batch(0))
         getattr(disk, fault)()
         with pytest.raises(StoreUnwritable) as one:
-            s.append(batch(1))
+            append(s, batch(1))
         with pytest.raises(StoreUnwritable) as two:
-            s.append_batches([("n/1/1", batch(2))])
+            append_batches(s, [("n/1/1", batch(2))])
         assert one.value.kind == two.value.kind == kind
         assert not s.write_state.writable and s.write_state.errors == 2
         disk.heal()
-        first, last = s.append(batch(3))
+        first, last = append(s, batch(3))
         assert last == first > 1 and s.write_state.writable
         assert s.stats()["backlog"] == 2  # the refused ones were never stored
 
@@ -331,28 +334,30 @@ def test_writes_outside_the_group_commit_say_unwritable_too(
 def test_every_write_path_of_the_store_says_unwritable(
     disk: PowerCutMount, fault: str, kind: str
 ) -> None:
-    """Not only the readings' paths: the session's writes outside the group commit
-    (tools, the standalone uplink's tests) and a receiver's transaction fail on a
-    refusing card as StoreUnwritable, each counted in the write state, never as a bare
-    sqlite3 error that leaves the store looking writable."""
+    """Not only the readings: every op of the session, committed outside the group
+    commit (tools, the standalone uplink's tests), fails on a refusing card as
+    StoreUnwritable, each counted in the write state, never as a bare sqlite3 error that
+    leaves the store looking writable."""
 
     def reading(i: int) -> Reading:
         return Reading("t", float(i), "2026-11-21T00:00:00.000Z", "C")
 
     with Store(disk.path / "s.db", gateway_id="gw") as s:
-        s.append([reading(i) for i in range(4)])
-        s.begin_messages("k", [Message(0, 1, 2, Q, "t", 1, 2)])
-        s.append_batches([("n/1/1", [reading(9)])])  # a node's key, for prune_seen
-        _record_in_transaction(s)  # a receiver's id, for qos2_reset
+        append(s, [reading(i) for i in range(4)])
+        begin(s, "k", [Message(0, 1, 2, Q, "t", 1, 2)])
+        append_batches(s, [("n/1/1", [reading(9)])])  # a node's key, for prune_seen
         getattr(disk, fault)()  # (every write below changes rows: an empty one writes nothing)
         writes: list[tuple[str, Callable[[], object]]] = [
-            ("begin_messages", lambda: s.begin_messages("k", [Message(0, 2, 2, Q, "t", 3, 4)])),
-            ("apply", lambda: s.apply("k", completed=[1])),
-            ("requeue_lost", lambda: s.requeue_lost("k")),
-            ("adopt_orphans", lambda: s.adopt_orphans("other")),
-            ("qos2_reset", lambda: s.qos2_reset("in")),
-            ("prune_seen", lambda: s.prune_seen(0)),
-            ("transaction", lambda: _record_in_transaction(s)),
+            ("begin_messages", lambda: begin(s, "k", [Message(0, 2, 2, Q, "t", 3, 4)])),
+            ("apply", lambda: apply(s, "k", completed=[1])),
+            ("requeue_lost", lambda: s.commit(lambda db: s.requeue_lost_in(db, "k"), frees=True)),
+            (
+                "adopt_orphans",
+                lambda: s.commit(lambda db: s.adopt_orphans_in(db, "other"), frees=True),
+            ),
+            ("session_started", lambda: s.commit(lambda db: s.session_started_in(db, "k"))),
+            ("prune_seen", lambda: s.commit(lambda db: s.prune_seen_in(db, 0))),
+            ("probe_write", lambda: s.commit(s.probe_write_in)),
         ]
         for errors, (name, write) in enumerate(writes, 1):
             with pytest.raises(StoreUnwritable) as refused:
@@ -360,13 +365,8 @@ def test_every_write_path_of_the_store_says_unwritable(
             assert refused.value.kind == kind, name
             assert s.write_state.errors == errors and not s.write_state.writable, name
         disk.heal()
-        assert s.apply("k", completed=[1]) == 4  # nothing of the refused ones took (one row)
+        assert apply(s, "k", completed=[1]) == 4  # nothing of the refused ones took (one row)
         assert s.write_state.writable and s.stats()["backlog"] == 1
 
 
 Q = OutState.QUEUED
-
-
-def _record_in_transaction(s: Store) -> None:
-    with s.transaction() as db:
-        s.qos2_record(db, "in", 7)

@@ -12,6 +12,7 @@ import collections
 import json
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,9 +21,13 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from devkit.broker import Mosquitto
+from devkit.checker import Recorder
+from devkit.gateway_helpers import GatewayProc
 from devkit.ingest_helpers import IngestProc, landed
+from devkit.procs import stop
 from devkit.uplink_helpers import fill_store, start_uplink
 from pubcomp.sync import wire
+from tests.metrics_helpers import samples, scrape_text
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
@@ -67,15 +72,6 @@ def delivered_all(path: Path) -> bool:
     """Every reading has been PUBCOMP'd by the broker (none in flight, none waiting)."""
     c = store_counts(path)
     return c["inflight"] == 0 and c["waiting"] == 0
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture
@@ -329,3 +325,73 @@ def test_several_ingests_one_killed_and_restarted_lose_nothing(
     for g in range(4):
         c = store_counts(tmp_path / f"gw{g}.db")
         assert c["outbox"] == 0 and c["awaiting"] == 0, (g, c)
+
+
+def _status_text(gw: GatewayProc) -> str:
+    cmd = [sys.executable, "-m", "pubcomp", "status", "--config", str(gw.fleet)]
+    out = subprocess.run([*cmd, "--gateway", gw.gid], capture_output=True, text=True, timeout=30)
+    return out.stdout
+
+
+def test_the_operator_sees_awaiting_landing_and_end_to_end_off(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """A real gateway with a sensor, the ingest away then back: `pubcomp status`, /metrics
+    and the status message say how many delivered readings await landing and for how
+    long; once the ingest is back they are let go (counted as landed). The same gateway
+    with ``uplink.end_to_end: false`` says so, sends payloads without the ``outbox``
+    field (an older ingest's schema refuses unknown fields) and lets go at PUBCOMP."""
+    landing = tmp_path / "landing"
+    ing = IngestProc(mosquitto.port, landing).start()
+    ing.stop()
+    sensors = [{"id": "c", "type": "simulated", "signal": "counter", "interval_s": 0.05}]
+    gw = GatewayProc(tmp_path, mosquitto.port, sensors=sensors)
+    gw.extra = {"status": {"min_interval_s": 1, "heartbeat_s": 5}}
+    gw.write()
+    seen = Recorder(mosquitto.port, "telemetry/#")
+    gw.start()
+    try:
+        wait_until(
+            lambda: gw.status()["uplink"]["end_to_end"]["awaiting_landing"] >= 20,
+            30,
+            "delivered readings awaiting landing",
+        )
+        text = _status_text(gw)
+        assert "awaiting landing" in text and "oldest" in text, text
+        m = samples(scrape_text(gw))
+        assert m[("pubcomp_end_to_end", ())] == 1
+        assert m[("pubcomp_awaiting_landing_readings", ())] >= 20
+        assert m[("pubcomp_awaiting_landing_age_seconds", ())] > 0
+        wait_until(
+            lambda: any(
+                json.loads(p).get("uplink", {}).get("awaiting_landing", 0) > 0
+                for t, p in seen.messages()
+                if t.endswith("/status")
+            ),
+            30,
+            "a status message saying what awaits landing",
+        )
+        ing.start()
+        wait_until(
+            lambda: samples(scrape_text(gw))[("pubcomp_landed_readings_total", ())] >= 20,
+            30,
+            "the ingest's acknowledgement to let them go",
+        )
+        assert all("outbox" in json.loads(p) for t, p in seen.messages() if t.endswith("/readings"))
+    finally:
+        gw.terminate()
+    ing.stop()
+    gw.extra = {"uplink": {"end_to_end": False}}
+    gw.write()
+    before = len(seen.messages())
+    gw.start()
+    try:
+        wait_until(lambda: gw.status()["uplink"]["delivered"] >= 20, 30, "deliveries")
+        assert "end to end OFF" in _status_text(gw)
+        assert samples(scrape_text(gw))[("pubcomp_end_to_end", ())] == 0
+        assert gw.status()["uplink"]["end_to_end"] == {"enabled": False}
+        later = [p for t, p in seen.messages()[before:] if t.endswith("/readings")]
+        assert later and all("outbox" not in json.loads(p) for p in later)
+    finally:
+        gw.terminate()
+        seen.stop()

@@ -251,7 +251,12 @@ def test_deploy_script_compiles_copies_installs_and_resets(tmp_path: Path) -> No
         for p in (FIRMWARE / "lib").rglob("*.py")
     }
     assert copied == modules
-    assert any(":main.py" in line and ":boot.py" in line for line in lines)
+    assert any(
+        ":main.py" in line and ":boot.py" in line and ":pubboot.py" in line for line in lines
+    )
+    # The gateway's sets give way to the library copied by cable (pubboot.factory).
+    factory = next(i for i, line in enumerate(lines) if "pubboot.factory()" in line)
+    assert factory > next(i for i, line in enumerate(lines) if ":pubboot.py" in line)
     assert any(line.endswith(":config.json") for line in lines)
     assert lines[-1] == "connect /dev/ttyACM9 reset"
     assert not any(re.search(r":boot\.txt|:spill|\brm\b|remove", line) for line in lines)

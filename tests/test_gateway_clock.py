@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from devkit.store_helpers import append, begin
 from pubcomp.gateway import service
 from pubcomp.gateway.clock import (
     CORRECTED,
@@ -96,15 +97,15 @@ def test_gps_time_needs_two_agreeing_sane_fixes() -> None:
 def test_store_shifts_only_waiting_unsynced_readings_of_this_run(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
         old = "2001-09-09T01:46:40.000Z"
-        s.append([Reading("a", 1.0, old, flags=[UNSYNCED])])  # a previous run's: left alone
-        first_new = s.last_seq()
-        s.append([Reading("b", 2.0, old, flags=[UNSYNCED]) for _ in range(3)])
-        s.append([Reading("c", 3.0, old)])  # stamped while synced: no flag, left alone
+        append(s, [Reading("a", 1.0, old, flags=[UNSYNCED])])  # a previous run's: left alone
+        first_new = s.given_seq()
+        append(s, [Reading("b", 2.0, old, flags=[UNSYNCED]) for _ in range(3)])
+        append(s, [Reading("c", 3.0, old)])  # stamped while synced: no flag, left alone
         # The first new reading is already in a message: its payload must not change.
-        s.begin_messages("sess", [_message(first_new + 1)])
+        begin(s, "sess", [_message(first_new + 1)])
         n = _correct(s, first_new, 3600.5)
         assert n == 2
-        rows = {r["id"]: r for r in s.readings_between(1, s.last_seq())}
+        rows = {r["id"]: r for r in s.readings_between(1, s.given_seq())}
         by_seq = [rows[f"gw/{s.epoch}/{i}"] for i in range(1, 6)]
         assert [r["ts"] for r in by_seq] == [old, old, *["2001-09-09T02:46:40.500Z"] * 2, old]
         assert by_seq[2]["flags"] == [UNSYNCED, CORRECTED]
@@ -114,8 +115,8 @@ def test_store_shifts_only_waiting_unsynced_readings_of_this_run(tmp_path: Path)
 
 
 def _correct(s: Store, after_seq: int, shift_s: float) -> int:
-    with s.transaction() as db:
-        return correct_waiting(s, db, after_seq, shift_s)
+    n: int = s.commit(lambda db: correct_waiting(s, db, after_seq, shift_s))
+    return n
 
 
 def _message(seq: int) -> Any:
@@ -133,7 +134,7 @@ def test_an_operation_runs_after_the_readings_queued_before_it(tmp_path: Path) -
         task = asyncio.create_task(intake.run())
         for i in range(50):
             intake.add(Reading("x", float(i), "2026-01-01T00:00:00.000Z"))
-        seen: int = await intake.commits.submit(s._last_seq)
+        seen: int = await intake.commits.submit(lambda db: s.given_seq())
         intake.close()
         await task
         return seen
@@ -180,7 +181,7 @@ def test_gateway_corrects_readings_taken_before_the_clock_synced(
 
     assert asyncio.run(main()) == 0
     with Store(tmp_path / "gw.db") as s:
-        rows = s.readings_between(1, s.last_seq())
+        rows = s.readings_between(1, s.given_seq())
     before = [r for r in rows if UNSYNCED in r["flags"]]
     after = [r for r in rows if UNSYNCED not in r["flags"]]
     assert all(r["flags"] == ["simulated"] for r in after)  # a made-up signal says so

@@ -110,7 +110,7 @@ def test_unknown_sensor_type_and_missing_key(tmp_path: Path) -> None:
     )
     assert problems(p) == [
         f"{p}:7: gateways.gw1.sensors[0]: unknown sensor type 'thermometer'; expected one of "
-        "pulse, digital, ds18b20, pms5003, sds011, nmea, modbus, simulated",
+        "digital, ds18b20, modbus, nmea, pms5003, pulse, sds011, sht31, simulated",
         f"{p}:8: gateways.gw1.sensors[1].port: missing: this key is required",
     ]
 

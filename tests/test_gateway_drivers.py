@@ -59,12 +59,12 @@ async def _stop(
 def test_a_crashing_driver_is_restarted_and_does_not_stop_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_build = drivers_mod.build
+    real_build = drivers_mod.build_from
 
-    def build(kind: str, sensor: str, opts: dict[str, Any], gpio: Any) -> Driver:
-        return Crashes(sensor) if sensor == "bad" else real_build(kind, sensor, opts, gpio)
+    def build_from(cfg: Any, provided: Any) -> Driver:
+        return Crashes(cfg.id) if cfg.id == "bad" else real_build(cfg, provided)
 
-    monkeypatch.setattr(drivers_mod, "build", build)
+    monkeypatch.setattr(drivers_mod, "build_from", build_from)
     monkeypatch.setattr(drivers_mod, "RESTART_BASE_S", 0.05)
     sensors = _sensors(
         {"id": "bad", "type": "simulated"},
@@ -127,7 +127,6 @@ def test_made_up_readings_are_flagged_simulated_in_the_data(tmp_path: Path) -> N
     from gpiozero.pins.mock import MockFactory
 
     from pubcomp.sensors.pins.zero import GpiozeroFactory
-    from pubcomp.sync.store import decode_body
 
     def flags(gpio: Callable[[], Any], *entries: dict[str, Any]) -> dict[str, set[str]]:
         with Store(tmp_path / f"s{len(list(tmp_path.iterdir()))}.db", gateway_id="g") as store:
@@ -136,11 +135,10 @@ def test_made_up_readings_are_flagged_simulated_in_the_data(tmp_path: Path) -> N
             asyncio.run(
                 _run_until(d, intake, lambda: all(s.readings >= 3 for s in d.status.values()))
             )
-            rows = store._rdb.execute("SELECT body FROM outbox").fetchall()
+            rows = store.readings_between(1, store.given_seq())
         out: dict[str, set[str]] = {}
-        for (body,) in rows:
-            for r in decode_body(body):
-                out.setdefault(r["sensor"].split(".")[0], set()).add(",".join(r["flags"]))
+        for r in rows:
+            out.setdefault(r["sensor"].split(".")[0], set()).add(",".join(r["flags"]))
         return out
 
     pulse = {"id": "rain", "type": "pulse", "pin": 5, "interval_s": 0.05}

@@ -176,10 +176,15 @@ def test_outage_as_the_operator_sees_it(tmp_path: Path) -> None:
 
         # Outage: the cloud broker is gone.
         cloud.kill()
+        # The first error is the closed connection; the next try's refusal follows after
+        # the back-off (on a busy machine the backlog may pass 60 before it).
         down = wait_for(
-            "the uplink to notice and a backlog of 60",
+            "the uplink to notice, try again, and a backlog of 60",
             lambda: (
-                (u := gw.status()["uplink"])["state"] != "connected" and u["backlog"] > 60 and u
+                (u := gw.status()["uplink"])["state"] != "connected"
+                and u["backlog"] > 60
+                and (u["last_error_text"] or "").startswith("nothing accepts")
+                and u
             ),
         )
         # Deliveries from before the outage promise nothing: no rate, no ETA.

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from devkit.store_helpers import append, append_batches, apply, begin
 from pubcomp.sync.groupcommit import GroupCommit
 from pubcomp.sync.session import OutState
 from pubcomp.sync.store import (
@@ -67,7 +68,7 @@ def test_ops_of_a_group_share_one_commit_and_run_in_order(tmp_path: Path) -> Non
         results, commits, ran = asyncio.run(main(s))
         assert results == list(range(10)) and ran == 10
         assert commits == 1  # ten ops, one transaction, one fsync
-        assert [r["value"] for r in s.readings_between(1, s.last_seq())] == list(range(10))
+        assert [r["value"] for r in s.readings_between(1, s.given_seq())] == list(range(10))
 
 
 def test_a_failing_op_is_undone_alone_and_its_waiter_hears_why(tmp_path: Path) -> None:
@@ -92,7 +93,7 @@ def test_a_failing_op_is_undone_alone_and_its_waiter_hears_why(tmp_path: Path) -
         out = asyncio.run(main(s))
         assert out[0] == [True] and out[2] == [True]
         assert isinstance(out[1], StoreFull)
-        values = [r["value"] for r in s.readings_between(1, s.last_seq())]
+        values = [r["value"] for r in s.readings_between(1, s.given_seq())]
         assert values == [1.0, 2.0]  # the failed op's reading was undone with it
 
 
@@ -136,23 +137,16 @@ def test_a_commit_the_file_system_refuses_fails_every_waiter_as_unwritable(
 
     async def main(s: Store) -> tuple[list[Any], list[Any]]:
         gc, task = await running(s, commit_delay=0.05)
-        real, calls = s.run_ops, []
 
-        def failing(ops: Any) -> Any:
-            calls.append(len(ops))
-            if len(calls) == 1:  # the ops ran, then the disk refused: all undone
+        def refused(db: sqlite3.Connection) -> None:
+            raise sqlite_error(code, name)  # the disk's refusal: the whole group is undone
 
-                def refused(db: sqlite3.Connection) -> None:
-                    raise sqlite_error(code, name)
-
-                return real([*ops, refused])
-            return real(ops)
-
-        s.run_ops = failing  # type: ignore[method-assign]
+        # The three ops run, then the disk refuses the last op of their group.
         futs = [
             gc.submit(lambda db, i=i: s.append_batches_in(db, [(None, [reading(i)])]))
             for i in range(3)
         ]
+        futs.append(gc.submit(refused))
         first = await asyncio.gather(*futs, return_exceptions=True)
         assert not s.write_state.writable and s.write_state.kind == kind
         assert s.write_state.since is not None and name in (s.write_state.last_error or "")
@@ -169,7 +163,7 @@ def test_a_commit_the_file_system_refuses_fails_every_waiter_as_unwritable(
         assert "refusing new readings" in str(first[0])
         assert second == [[True]]
         assert s.write_state.writable and s.write_state.errors == 1
-        assert [r["value"] for r in s.readings_between(1, s.last_seq())] == [7.0]
+        assert [r["value"] for r in s.readings_between(1, s.given_seq())] == [7.0]
 
 
 def test_lazy_ops_wait_for_their_deadline_or_ride_an_earlier_commit(tmp_path: Path) -> None:
@@ -205,7 +199,7 @@ def test_sources_lead_the_group_and_close_commits_what_is_left(tmp_path: Path) -
 
         gc.add_source(source)
         gc.poke(30)  # the source has something, and may wait 30 s ...
-        fut = gc.submit(lambda db: log.append(f"op sees {s._last_seq(db)}"))
+        fut = gc.submit(lambda db: log.append(f"op sees {s.given_seq()}"))
         await fut  # ... but rides this commit, ahead of the op
         gc.close()
         await task
@@ -231,12 +225,12 @@ def test_store_dedups_node_keys_in_any_order_and_across_reopen(tmp_path: Path) -
     path = tmp_path / "s.db"
     r = [reading(0)]
     with Store(path, gateway_id="gw") as s:
-        got = s.append_batches([("n/1/5", r), ("n/1/3", r), ("n/1/4", r), ("n/2/4", r)])
+        got = append_batches(s, [("n/1/5", r), ("n/1/3", r), ("n/1/4", r), ("n/2/4", r)])
         assert got == [True, True, True, True]
-        assert s.append_batches([("n/1/4", r), ("n/1/6", r), ("x-key", r)]) == [False, True, True]
-        assert s.append_batches([("x-key", r)]) == [False]
+        assert append_batches(s, [("n/1/4", r), ("n/1/6", r), ("x-key", r)]) == [False, True, True]
+        assert append_batches(s, [("x-key", r)]) == [False]
     with Store(path) as s:
-        assert s.append_batches([("n/1/3", r), ("n/2/4", r), ("n/2/5", r)]) == [
+        assert append_batches(s, [("n/1/3", r), ("n/2/4", r), ("n/2/5", r)]) == [
             False,
             False,
             True,
@@ -256,7 +250,7 @@ def test_keys_in_a_store_made_before_schema_2_are_still_seen(tmp_path: Path) -> 
     db.commit()
     db.close()
     with Store(path) as s:
-        assert s.append_batches([("n/1/7", [reading(0)]), ("n/1/8", [reading(1)])]) == [
+        assert append_batches(s, [("n/1/7", [reading(0)]), ("n/1/8", [reading(1)])]) == [
             False,
             True,
         ]
@@ -268,12 +262,12 @@ def test_a_seq_is_never_given_twice_even_after_the_outbox_drains(tmp_path: Path)
 
     path = tmp_path / "s.db"
     with Store(path, gateway_id="gw") as s:
-        first, last = s.append([reading(i) for i in range(3)])
-        s.begin_messages("k", [Message(0, 1, 2, OutState.QUEUED, "t", first, last)])
-        assert s.apply("k", completed=[1]) == 3
+        first, last = append(s, [reading(i) for i in range(3)])
+        begin(s, "k", [Message(0, 1, 2, OutState.QUEUED, "t", first, last)])
+        assert apply(s, "k", completed=[1]) == 3
         assert s.stats()["backlog"] == 0
     with Store(path) as s:
-        first, last = s.append([reading(9)])
+        first, last = append(s, [reading(9)])
         assert first == last > 3  # a gap (the floor is raised a block ahead), never a repeat
         assert s.waiting(0, 10)[0][1]["id"] == f"gw/{s.epoch}/{first}"
 
@@ -383,13 +377,40 @@ def test_on_a_full_disk_a_group_commits_its_deliveries_and_refuses_the_rest(
         return out
 
     with tiny_tmpfs(tmp_path / "disk", "4m") as disk, Store(disk / "s.db") as s:
-        s.append(readings(100))
-        s.begin_messages("k", [Message(0, 1, 2, OutState.QUEUED, "t", 1, 100)])
+        append(s, readings(100))
+        begin(s, "k", [Message(0, 1, 2, OutState.QUEUED, "t", 1, 100)])
         with pytest.raises(StoreFull):
             for i in range(1, 10_000):
-                s.append(readings(100, i * 100))
+                append(s, readings(100, i * 100))
         backlog, refused = s.stats()["backlog"], s.refused_disk_full
         added, delivered = asyncio.run(main(s))
         assert isinstance(added, StoreFull) and "disk full" in str(added)
         assert delivered == 100 and s.refused_disk_full == refused + 1
         assert s.stats()["backlog"] == backlog - 100
+
+
+def test_readings_an_op_claims_are_not_dropped_by_an_op_ahead_of_it(tmp_path: Path) -> None:
+    """The uplink builds a message's payload before the op committing its packet id runs
+    (``claims``): an op ahead of it in the same group, a ``drop_oldest`` quota drop, must
+    drop newer waiting readings, never those (with ``claims=0`` it drops seqs 1-100: the
+    message would go out with readings the store counts as dropped)."""
+
+    async def main(s: Store) -> None:
+        gc, task = await running(s, commit_delay=0.05)
+        batch = [reading(i) for i in range(1000, 1010)]
+        m = Message(0, 1, 2, OutState.QUEUED, "t", 1, 100)
+        await asyncio.gather(
+            gc.submit(lambda db: s.append_batches_in(db, [(None, batch)])),
+            gc.submit(lambda db: s.begin_messages_in(db, "k", [m]), frees=True, claims=100),
+        )
+        assert gc.claimed() == 0  # committed: nothing claimed any more
+        gc.close()
+        await task
+
+    with Store(tmp_path / "s.db", gateway_id="gw", policy="drop_oldest") as s:
+        append(s, [reading(i) for i in range(200)])  # rows 1-100, 101-200
+        s.quota_bytes = s.stats()["store_bytes"]  # full from now on
+        asyncio.run(main(s))
+        assert s.counters()["dropped_quota"] >= 64
+        assert len(s.readings_between(1, 100)) == 100  # the claimed message is whole
+        assert s.readings_between(101, 200) == []  # the newer waiting row went instead

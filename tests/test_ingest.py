@@ -340,3 +340,25 @@ def test_ids_a_previous_version_committed_are_held_until_pubrel(tmp_path: Path) 
     assert session.pending.keys() == {17}
     assert session.receive(Publish("t", b"x", 2, dup=True, packet_id=17)).ack == Pubrec(17)
     assert (state / "ingest-ingest-1.db").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        (["--connections", "2"], "more than one connection needs a shared group"),
+        (["--shared-group", "g", "--protocol", "3.1.1"], "shared subscriptions need MQTT 5"),
+    ],
+)
+def test_ingest_options_that_cannot_work_together_end_in_one_line(
+    tmp_path: Path, capsys: Any, options: list[str], why: str
+) -> None:
+    """A mistake ends in one line and exit 2 (docs/operations.md), not a traceback."""
+    from pubcomp import cli
+
+    argv = ["ingest", "run", "--broker", "mqtt://127.0.0.1:1", "--client-id", "ing"]
+    argv += ["--landing", str(tmp_path)]
+    code = cli.main([*argv, *options])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("pubcomp ingest run: ") and why in err, err
+    assert not list(tmp_path.iterdir())  # nothing made before the options were checked

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devkit.store_helpers import append, apply, begin
 from pubcomp.sync import wire
 from pubcomp.sync.endtoend import EndToEnd
 from pubcomp.sync.ranges import RangeSet
@@ -189,28 +190,26 @@ def _readings(n: int) -> list[Reading]:
 
 def _deliver(s: Store, key: str, first: int, last: int, pid: int, *, awaiting: bool) -> None:
     m = Message(0, pid, 2, OutState.QUEUED, "t/gw/readings", first, last)
-    with s.transaction() as db:
-        s.begin_messages_in(db, key, [m])
-    with s.transaction() as db:
-        if awaiting:
-            s.apply_in(db, key, awaiting=[pid])
-        else:
-            s.apply_in(db, key, completed=[pid])
+    begin(s, key, [m])
+    if awaiting:
+        apply(s, key, awaiting=[pid])
+    else:
+        apply(s, key, completed=[pid])
 
 
 def test_a_completed_message_awaits_landing_and_goes_when_landed(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
         for _ in range(4):
-            s.append(_readings(5))  # rows of 5: seqs 1-5, 6-10, 11-15, 16-20
+            append(s, _readings(5))  # rows of 5: seqs 1-5, 6-10, 11-15, 16-20
         _deliver(s, "k", 1, 10, 1, awaiting=True)
         st_ = s.stats()
         assert st_["awaiting_landing"] == 10 and st_["awaiting_messages"] == 1
-        assert st_["backlog"] == 10 and s.high_seq() == 10  # 11-20 still waiting
-        assert s.oldest_seq() == 11  # the oldest not yet delivered
-        assert s.sent_high_seq() == 10
-        with s.transaction() as db:
-            assert s.landed_in(db, [(1, 5)]) == 0  # covers part of the message: nothing
-            assert s.landed_in(db, [(1, 10)]) == 10
+        assert st_["backlog"] == 10 and s.taken_seq() == 10  # 11-20 still waiting
+        assert s.oldest_undelivered_seq() == 11  # the oldest not yet delivered
+        assert s.sent_seq() == 10
+        # As the uplink commits them: lazily, in the group commit, freeing (rule 9).
+        assert s.commit(lambda db: s.landed_in(db, [(1, 5)]), frees=True) == 0  # a part: nothing
+        assert s.commit(lambda db: s.landed_in(db, [(1, 10)]), frees=True) == 10
         st_ = s.stats()
         assert st_["awaiting_landing"] == 0 and st_["backlog"] == 10
         assert st_["counters"]["landed"] == 10
@@ -220,15 +219,17 @@ def test_a_completed_message_awaits_landing_and_goes_when_landed(tmp_path: Path)
 def test_a_message_not_landed_in_time_is_queued_again_with_its_seqs(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
         for _ in range(3):
-            s.append(_readings(5))
+            append(s, _readings(5))
         _deliver(s, "k", 1, 5, 1, awaiting=True)
         _deliver(s, "k", 6, 10, 2, awaiting=True)
         ids = [r["id"] for r in s.readings_between(1, 10)]
-        with s.transaction() as db:
-            again = s.resend_awaiting_in(
+        again = s.commit(
+            lambda db: s.resend_awaiting_in(
                 db, "k", "t/gw/readings", delivered_before=time.time() + 1,
                 landed=lambda lo, hi: (lo, hi) == (6, 10),
-            )  # fmt: skip
+            ),
+            frees=True,
+        )  # fmt: skip
         assert [(m.first_seq, m.last_seq, m.state, m.packet_id) for m in again] == [
             (1, 5, OutState.QUEUED, None)
         ]
@@ -243,10 +244,10 @@ def test_a_message_not_landed_in_time_is_queued_again_with_its_seqs(tmp_path: Pa
 def test_drop_oldest_evicts_awaiting_messages_first(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw", policy="drop_oldest") as s:
         for _ in range(40):
-            s.append(_readings(5))
+            append(s, _readings(5))
         _deliver(s, "k", 1, 100, 1, awaiting=True)
         s.quota_bytes = s.stats()["store_bytes"]  # full from now on
-        s.append(_readings(5))
+        append(s, _readings(5))
         c = s.counters()
         assert c["dropped_awaiting"] >= 64 and c["dropped_quota"] >= 64
         assert s.stats()["awaiting_messages"] == 0
@@ -255,6 +256,6 @@ def test_drop_oldest_evicts_awaiting_messages_first(tmp_path: Path) -> None:
 
 def test_a_completed_message_that_is_landed_already_goes_at_once(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
-        s.append(_readings(5))
+        append(s, _readings(5))
         _deliver(s, "k", 1, 5, 1, awaiting=False)
         assert s.stats()["awaiting_messages"] == 0 and s.readings_between(1, 5) == []

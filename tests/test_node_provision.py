@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from pubcomp.gateway.config import Fleet
 from pubcomp.gateway.credentials import verify_password
+from pubcomp.gateway.nodesets import update_key
 
 ROOT = Path(__file__).resolve().parent.parent
 GID = "gw-coast-7"
@@ -104,6 +105,12 @@ def test_a_new_node_is_one_added_line_and_a_ready_config(fleet: Path) -> None:
     assert "cabinet-wifi-secret" not in done.stdout + done.stderr
     check = pubcomp("config", "check", str(fleet))
     assert check.returncode == 0, check.stderr
+    # The update key (pubcomp node update signs the node's software with it): derived from
+    # the password as the node derives it, beside the fleet file, for the owner only.
+    key = fleet.parent / "node-keys" / GID / "node-9.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert key.read_text().strip() == update_key(password, "node-9").hex()
+    assert f"update key: {key}" in done.stdout
 
 
 def test_rotating_replaces_the_hash_and_keeps_the_nodes_settings(fleet: Path) -> None:
@@ -128,6 +135,8 @@ def test_rotating_replaces_the_hash_and_keeps_the_nodes_settings(fleet: Path) ->
     assert "password replaced" in done.stdout
     assert second not in done.stdout + done.stderr + after
     assert [n.id for n in Fleet(fleet).gateway(GID).nodes] == ["node-7", "node-8"]
+    key = (fleet.parent / "node-keys" / GID / "node-7.key").read_text().strip()
+    assert key == update_key(second, "node-7").hex()  # rotated with the password
 
 
 def test_a_gateway_without_nodes_gets_a_nodes_list(fleet: Path) -> None:

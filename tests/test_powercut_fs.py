@@ -269,7 +269,7 @@ def test_writeback_keeps_what_was_fsynced_and_a_seeded_part_of_the_rest(tmp_path
 CHECKPOINTER = """
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("PRAGMA page_size=512")  # the gateway store's settings (sync/store.py)
+db.execute("PRAGMA page_size=512")  # the gateway store's settings (sync/store/files.py)
 db.execute("PRAGMA journal_mode=WAL")
 db.execute("PRAGMA synchronous=FULL")
 db.execute("PRAGMA wal_autocheckpoint=0")
@@ -329,8 +329,9 @@ from pubcomp.sync.store import Reading, Store
 store = Store(sys.argv[1], gateway_id="gw1")
 i = 0
 while True:
-    first, last = store.append([Reading("s", float(i), "2026-11-25T00:00:00.000Z", "C")] * 3)
-    print(first, last, flush=True)  # append returned: committed, fsynced
+    batch = [Reading("s", float(i), "2026-11-25T00:00:00.000Z", "C")] * 3
+    first, last = store.commit(lambda db: store.append_in(db, batch))
+    print(first, last, flush=True)  # the commit returned: committed, fsynced
     i += 1
     if i % 30 == 0:
         print("checkpoint", flush=True)
@@ -340,7 +341,7 @@ while True:
 
 
 def test_the_gateway_store_survives_writeback_cuts_inside_its_checkpoints(tmp_path: Path) -> None:
-    """The gateway's own ``Store`` (sync/store.py), appending, cut by the writeback model
+    """The gateway's own ``Store`` (sync/store/), appending, cut by the writeback model
     right after one of its checkpoint's first writes, 6 seeds: every append that
     returned is there, and the store opens without being moved aside as corrupt."""
     from pubcomp.sync.store import Store

@@ -77,7 +77,9 @@ def test_gateway_power_cuts_while_readings_await_landing_lose_nothing(
     gw.terminate()
     ingest.stop()
     counts = landed(landing)
-    assert len(acked) > 300 and min(awaiting_at_cuts) > 0, awaiting_at_cuts
+    # Every cut while the ingest was away fell on readings awaiting landing (after it is
+    # back, they are let go within a second or so, and a cut may find none).
+    assert len(acked) > 300 and min(awaiting_at_cuts[: CUTS // 2 + 1]) > 0, awaiting_at_cuts
     assert acked <= counts.keys(), f"{len(acked - counts.keys())} acknowledged readings lost"
     # Copies only of what was sent again (the pipeline removes them), never a stranger.
     assert {k.split("/")[0] for k in counts} <= {"n1", "n2"}

@@ -78,3 +78,39 @@ def test_a_task_that_will_not_end_is_named_and_left(caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.WARNING, logger="pubcomp.sync.running"):
         assert asyncio.run(main()) == {"stubborn"}
     assert "task stubborn did not end within 0.5 s of its cancel" in caplog.text
+
+
+def test_reconnecting_retries_the_errors_it_is_given_with_the_backoff_it_is_given() -> None:
+    """The status link and ``fleet watch`` retry aiomqtt's errors (issue 26: they had
+    loops of their own); an error not named ends the loop."""
+    from pubcomp.sync.client import Backoff
+    from pubcomp.sync.running import reconnecting
+
+    class Lost(Exception):
+        pass
+
+    tries: list[int] = []
+    told: list[str] = []
+    backoff = Backoff(base=0.001, cap=0.001)
+
+    async def connection(b: Backoff) -> bool | None:
+        assert b is backoff
+        tries.append(len(tries))
+        if len(tries) < 3:
+            raise Lost(f"try {len(tries)}")
+        if len(tries) == 3:
+            raise OSError("not named: not retried")
+        return True
+
+    async def main() -> None:
+        await reconnecting(
+            asyncio.Event(),
+            connection,
+            lambda why, exc: told.append(why),
+            backoff=backoff,
+            errors=(Lost,),
+        )
+
+    with pytest.raises(OSError, match="not named"):
+        asyncio.run(main())
+    assert tries == [0, 1, 2] and told == ["Lost: try 1", "Lost: try 2"]

@@ -10,7 +10,7 @@ import threading
 import time
 import tty
 
-from pubcomp.sensors import nmea
+from pubcomp.sensors import nmea, registry
 
 
 def pubcomp(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -79,3 +79,14 @@ def test_simulated_pulse_counter_from_the_command_line() -> None:
     lines = [json.loads(ln) for ln in res.stdout.splitlines()]
     assert [ln["sensor"] for ln in lines] == ["pulse.count", "pulse.total", "pulse.rate"]
     assert lines[0]["unit"] == "mm" and lines[2]["unit"] == "mm/h"
+
+
+def test_the_help_lists_every_registered_type_with_what_it_needs() -> None:
+    res = pubcomp("sensor", "test", "--help")
+    assert res.returncode == 0, res.stderr
+    listed = res.stdout.split("sensor types (--type)")[1].splitlines()[1:]
+    rows = {ln.split()[0]: ln for ln in listed if ln.strip()}
+    assert list(rows) == list(registry.names())
+    for name, kind in registry.sensor_types().items():
+        assert kind.summary in rows[name]
+    assert "--pin" in rows["pulse"] and "--port" in rows["nmea"]

@@ -269,3 +269,16 @@ def test_a_receiving_session_ignores_acknowledgements_by_name() -> None:
         out = r.receive(pkt)
         assert isinstance(out, Ignored) and out.packet == f"unexpected {type(pkt).__name__}"
     assert r.pending.keys() == {3}
+
+
+def test_a_subscribe_id_is_in_use_until_its_suback_MQTT_2_3_1_2() -> None:
+    """The uplink's SUBSCRIBE (the landed acknowledgements) takes an id from the same space
+    as its PUBLISHes: no PUBLISH may get it while the SUBSCRIBE awaits its SUBACK, and it
+    does not count against the Receive Maximum (5.0 4.9.0-2 counts PUBLISHes)."""
+    s = SenderSession(MQTT_5, [Outgoing(1, 2)], last_packet_id=1)
+    s.on_connack(True, clean_start=False, receive_maximum=2)
+    sub = s.allocate_control()
+    assert sub == 2 and s.send_quota() == 1
+    assert s.allocate(2).packet_id == 3  # not 2: the SUBSCRIBE holds it
+    assert s.control_done(sub) and not s.control_done(sub)
+    assert sub not in s.inflight

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.store_helpers import append, append_batches, apply, begin
 from pubcomp.sync import wire
 from pubcomp.sync.session import Outgoing, OutState
 from pubcomp.sync.store import (
@@ -49,8 +50,9 @@ def two(a1: int, a2: int, b1: int, b2: int) -> list[Message]:
 
 def test_pragmas_wal_and_synchronous_full(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db") as s:
-        assert s._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert s._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        pragmas = s.pragmas()
+        assert pragmas["journal_mode"] == "wal"
+        assert pragmas["synchronous"] == 2  # FULL
 
 
 def test_epoch_is_random_per_file_and_stable_across_opens(tmp_path: Path) -> None:
@@ -64,22 +66,22 @@ def test_epoch_is_random_per_file_and_stable_across_opens(tmp_path: Path) -> Non
 
 def test_seq_is_never_reused_after_delivery(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db") as s:
-        assert s.append(readings(3)) == (1, 3)
-        s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", 1, 3)])
-        s.apply("k", released=[1])
-        assert s.apply("k", completed=[1]) == 3
-        assert s.append(readings(1)) == (4, 4)  # AUTOINCREMENT: ids are unique forever
+        assert append(s, readings(3)) == (1, 3)
+        begin(s, "k", [Message(0, 1, 2, QUEUED, "t", 1, 3)])
+        apply(s, "k", released=[1])
+        assert apply(s, "k", completed=[1]) == 3
+        assert append(s, readings(1)) == (4, 4)  # AUTOINCREMENT: ids are unique forever
 
 
 def test_message_lifecycle_rules_1_to_3(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     with Store(path) as s:
-        s.append(readings(4))  # a row each: messages take whole rows
-        s.append(readings(6, 4))
+        append(s, readings(4))  # a row each: messages take whole rows
+        append(s, readings(6, 4))
         m1 = Message(0, 7, 2, QUEUED, "t", 1, 4)
         m2 = Message(0, 8, 2, QUEUED, "t", 5, 10)
-        s.begin_messages("k", [m1, m2])
-        assert s.high_seq() == 10 and s.waiting(10, 5) == []
+        begin(s, "k", [m1, m2])
+        assert s.taken_seq() == 10 and s.waiting(10, 5) == []
     # Rule 1: after a reopen (a crash), ids and ranges are there, in send order.
     with Store(path) as s:
         _, last, msgs = s.load_session("k")
@@ -88,29 +90,30 @@ def test_message_lifecycle_rules_1_to_3(tmp_path: Path) -> None:
             (7, "PUBLISH_SENT", 1, 4),
             (8, "PUBLISH_SENT", 5, 10),
         ]
-        s.apply("k", released=[7])  # rule 2
+        apply(s, "k", released=[7])  # rule 2
     with Store(path) as s:
         assert [m.state for m in s.load_session("k")[2]] == ["PUBREL_SENT", "PUBLISH_SENT"]
         # Rule 3: PUBCOMP deletes the message and exactly its readings.
-        assert s.apply("k", completed=[7]) == 4
+        assert apply(s, "k", completed=[7]) == 4
         assert s.stats()["backlog"] == 6
         assert [r["value"] for r in s.readings_between(1, 10)] == [4.0, 5, 6, 7, 8, 9]
 
 
 def test_session_loss_requeues_with_the_same_readings(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
-        s.append(readings(3))
-        s.append(readings(3, 3))
-        s.begin_messages(
+        append(s, readings(3))
+        append(s, readings(3, 3))
+        begin(
+            s,
             "k",
             [
                 Message(0, 1, 2, QUEUED, "t", 1, 3),
                 Message(0, 2, 2, QUEUED, "t", 4, 6),
             ],
         )
-        s.apply("k", released=[1])
+        apply(s, "k", released=[1])
         before = [r["id"] for r in s.readings_between(1, 6)]
-        assert s.requeue_lost("k") == 6
+        assert s.commit(lambda db: s.requeue_lost_in(db, "k"), frees=True) == 6
         msgs = s.load_session("k")[2]
         assert [(m.packet_id, m.state) for m in msgs] == [
             (None, QUEUED),
@@ -121,34 +124,35 @@ def test_session_loss_requeues_with_the_same_readings(tmp_path: Path) -> None:
         assert [r["id"] for r in s.readings_between(1, 6)] == before
         # New ids for the queued messages (rule 1 again), original order kept.
         msgs[0].packet_id, msgs[1].packet_id = 3, 4
-        s.begin_messages("k", msgs)
+        begin(s, "k", msgs)
         assert [(m.packet_id, m.first_seq) for m in s.load_session("k")[2]] == [(3, 1), (4, 4)]
 
 
 def test_refusals_dead_letter_or_requeue(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
-        s.append(readings(2))
-        s.append(readings(2, 2))
-        s.begin_messages(
+        append(s, readings(2))
+        append(s, readings(2, 2))
+        begin(
+            s,
             "k",
             [
                 Message(0, 1, 2, QUEUED, "t", 1, 2),
                 Message(0, 2, 2, QUEUED, "t", 3, 4),
             ],
         )
-        s.apply("k", refused=[(1, 0x87, True), (2, 0x97, False)])
+        apply(s, "k", refused=[(1, 0x87, True), (2, 0x97, False)])
         st = s.stats()
         assert st["dead_letter"] == 2 and st["backlog"] == 2
-        dead = s._db.execute("SELECT id, reason FROM dead_letter ORDER BY seq").fetchall()
+        dead = [(d["id"], d["reason"]) for d in s.dead_letters()]
         assert dead == [(f"gw/{s.epoch}/1", 0x87), (f"gw/{s.epoch}/2", 0x87)]
         assert [(m.packet_id, m.state) for m in s.load_session("k")[2]] == [(None, QUEUED)]
 
 
 def test_adopt_orphans_from_another_session(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db") as s:
-        s.append(readings(2))
-        s.begin_messages("old-broker#gw", [Message(0, 5, 2, QUEUED, "t", 1, 2)])
-        assert s.adopt_orphans("new-broker#gw") == 1
+        append(s, readings(2))
+        begin(s, "old-broker#gw", [Message(0, 5, 2, QUEUED, "t", 1, 2)])
+        assert s.commit(lambda db: s.adopt_orphans_in(db, "new-broker#gw"), frees=True) == 1
         assert [(m.packet_id, m.state) for m in s.load_session("new-broker#gw")[2]] == [
             (None, QUEUED)
         ]
@@ -158,7 +162,7 @@ def test_quota_refuse_new(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", quota_bytes=256 * 1024, policy="refuse_new") as s:
         with pytest.raises(StoreFull, match="refuse_new"):
             for i in range(1000):
-                s.append(readings(50, i * 50))
+                append(s, readings(50, i * 50))
         kept = s.stats()["backlog"]
         assert kept > 0
         # Nothing already stored was lost, and a refused append stored nothing.
@@ -168,10 +172,10 @@ def test_quota_refuse_new(tmp_path: Path) -> None:
 def test_quota_drop_oldest_never_drops_inflight(tmp_path: Path) -> None:
     # 64 kB: 10,000 readings take about 100 kB in packed rows.
     with Store(tmp_path / "s.db", quota_bytes=64 * 1024, policy="drop_oldest") as s:
-        s.append(readings(10))
-        s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", 1, 10)])
+        append(s, readings(10))
+        begin(s, "k", [Message(0, 1, 2, QUEUED, "t", 1, 10)])
         for i in range(200):
-            s.append(readings(50, 100 + i * 50))
+            append(s, readings(50, 100 + i * 50))
         st = s.stats()
         assert st["counters"]["dropped_quota"] > 0
         assert st["store_bytes"] <= 64 * 1024 * 1.25
@@ -186,7 +190,7 @@ def test_corrupt_store_is_moved_aside_never_deleted(
 ) -> None:
     path = tmp_path / "s.db"
     with Store(path, gateway_id="gw") as s:
-        s.append(readings(5))
+        append(s, readings(5))
         old_epoch = s.epoch
     raw = bytearray(path.read_bytes())
     raw[100:4000] = b"\xde\xad" * 1950  # wreck the header and the first pages
@@ -202,7 +206,7 @@ def test_corrupt_store_is_moved_aside_never_deleted(
 
 def test_non_finite_values_are_refused(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db") as s, pytest.raises(ValueError, match="not finite"):
-        s.append([Reading("t", float("nan"))])
+        append(s, [Reading("t", float("nan"))])
 
 
 # ------------------------------------------------------------ command line
@@ -239,7 +243,7 @@ def test_import_is_all_or_nothing_and_names_the_bad_line(tmp_path: Path) -> None
 def test_stats_text(tmp_path: Path) -> None:
     store = tmp_path / "s.db"
     with Store(store, gateway_id="gw-9") as s:
-        s.append(readings(3))
+        append(s, readings(3))
     out = pubcomp("store", "stats", "--store", str(store)).stdout
     assert "backlog" in out and "3 readings" in out and "gw-9" in out
 
@@ -272,7 +276,7 @@ def test_full_disk_refuses_new_and_keeps_delivering(tmp_path: Path) -> None:
         stored = 0
         with pytest.raises(StoreFull, match="disk full"):
             for i in range(10_000):
-                s.append(readings(100, i * 100))
+                append(s, readings(100, i * 100))
                 stored += 100
         assert stored > 0 and s.refused_disk_full == 1
         assert s.stats()["backlog"] == stored  # every committed reading is still there
@@ -280,10 +284,10 @@ def test_full_disk_refuses_new_and_keeps_delivering(tmp_path: Path) -> None:
         # is full: the reserve is spent for them.
         delivered = 0
         for pid, first in enumerate(range(1, stored + 1, 100), 1):
-            s.begin_messages("k", [Message(0, pid, 2, QUEUED, "t", first, first + 99)])
-            delivered += s.apply("k", completed=[pid])
+            begin(s, "k", [Message(0, pid, 2, QUEUED, "t", first, first + 99)])
+            delivered += apply(s, "k", completed=[pid])
         assert (delivered == stored and not s.reserve_path.exists()) or delivered == stored
-        s.append(readings(10))  # room again for new readings
+        append(s, readings(10))  # room again for new readings
         assert s.stats()["backlog"] == 10
         s.close()
 
@@ -319,27 +323,24 @@ def test_outgoing_state_enum_matches_store_text() -> None:
     assert Outgoing(1, 2).state == "PUBLISH_SENT" == OutState.PUBLISH_SENT
 
 
-def test_receiver_ids_commit_with_the_data_rule_5(tmp_path: Path) -> None:
-    """A receiver stores what it got and the QoS 2 id in one transaction (before PUBREC)."""
+def test_a_message_key_commits_with_its_readings_rule_5(tmp_path: Path) -> None:
+    """A receiver (the ingress) stores what it got with its message key in one op of the
+    group commit, before its PUBACK: an op that fails part way leaves neither behind, so
+    the node's retry is stored, not taken for a message seen before."""
     path = tmp_path / "s.db"
+    r = [Reading("t", 1.5, origin="node-1", id="node-1/3/9.0")]
     with Store(path, gateway_id="gw") as s:
-        with s.transaction() as db:
-            s.qos2_record(db, "ingress#node-1", 17)
-            s.append_batches_in(
-                db, [(None, [Reading("t", 1.5, origin="node-1", id="node-1/3/9.0")])]
-            )
-        with pytest.raises(RuntimeError), s.transaction() as db:
-            s.qos2_record(db, "ingress#node-1", 18)
+        assert append_batches(s, [("node-1/3/9", r)]) == [True]
+
+        def crash(db: sqlite3.Connection) -> None:
+            s.append_batches_in(db, [("node-1/3/10", r)])
             raise RuntimeError("crash before commit")
-    with Store(path) as s:  # after a restart: id 17 and its reading, not 18
-        assert s.qos2_pending("ingress#node-1") == {17}
+
+        with pytest.raises(RuntimeError):
+            s.commit(crash)
+    with Store(path) as s:  # after a restart: message 9 and its reading, not message 10
         assert [r["id"] for r in s.readings_between(1, 10)] == ["node-1/3/9.0"]
-        s.qos2_forget("ingress#node-1", [17])
-        assert s.qos2_pending("ingress#node-1") == set()
-        with s.transaction() as db:
-            s.qos2_record(db, "ingress#node-2", 5)
-        s.qos2_reset("ingress#node-2")
-        assert s.qos2_pending("ingress#node-2") == set()
+        assert append_batches(s, [("node-1/3/9", r), ("node-1/3/10", r)]) == [False, True]
 
 
 def test_held_receive_ids_reads_a_store_left_behind_and_says_store_error_otherwise(
@@ -348,8 +349,12 @@ def test_held_receive_ids_reads_a_store_left_behind_and_says_store_error_otherwi
     """What the ingest reads from a previous version's store file: the ids, read only;
     a file that is no store is a StoreError (the reader need not know SQLite)."""
     path = tmp_path / "s.db"
-    with Store(path, gateway_id="gw") as s, s.transaction() as db:
-        s.qos2_record(db, "in", 9)
+    with Store(path, gateway_id="gw"):
+        pass
+    db = sqlite3.connect(path)  # as a receiver of before kept its QoS 2 ids
+    db.execute("INSERT INTO in_qos2 VALUES ('in', 9, 0)")
+    db.commit()
+    db.close()
     assert held_receive_ids(path) == [("in", 9)]
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not a database, not at all" * 100)
@@ -361,18 +366,19 @@ def test_group_commit_with_message_keys_stores_each_message_once(tmp_path: Path)
     path = tmp_path / "s.db"
     with Store(path, gateway_id="gw") as s:
         r = [Reading("t", 1.0, None, "C", origin="node-1", id="node-1/3/9.0")]
-        assert s.append_batches(
+        assert append_batches(
+            s,
             [("node-1/3/9", r), ("node-2/1/1", readings(2)), (None, readings(1))],
             state={"pulse:rain": "1012"},
         ) == [True, True, True]
         # A node retrying a message it never saw acknowledged: acknowledged, not stored again.
-        assert s.append_batches([("node-1/3/9", r), ("node-1/3/10", r)]) == [False, True]
+        assert append_batches(s, [("node-1/3/9", r), ("node-1/3/10", r)]) == [False, True]
         assert s.stats()["backlog"] == 5
         assert s.get_state("pulse:rain") == "1012"
     with Store(path) as s:  # keys and state are durable
-        assert s.append_batches([("node-1/3/9", r)]) == [False]
-        assert s.prune_seen(older_than_s=-1) == 2  # node-1 boot 3, node-2 boot 1
-        assert s.append_batches([("node-1/3/9", r)]) == [True]
+        assert append_batches(s, [("node-1/3/9", r)]) == [False]
+        assert s.commit(lambda db: s.prune_seen_in(db, -1)) == 2  # node-1 boot 3, node-2 boot 1
+        assert append_batches(s, [("node-1/3/9", r)]) == [True]
 
 
 def test_a_store_made_before_schema_3_is_packed_with_its_seqs_and_ids(tmp_path: Path) -> None:
@@ -422,9 +428,9 @@ def test_a_store_made_before_schema_3_is_packed_with_its_seqs_and_ids(tmp_path: 
         ]
         assert s.readings_between(4, 4)[0]["flags"] == ["clock_unsynced", "x"]
         assert [r["value"] for _, r in s.waiting(4, 10)] == [4.0, 5.0]
-        assert s.apply("k", completed=[4]) == 4  # rule 3 on the packed rows
+        assert apply(s, "k", completed=[4]) == 4  # rule 3 on the packed rows
         assert s.stats()["backlog"] == 2
-        first, _ = s.append(readings(1))
+        first, _ = append(s, readings(1))
         assert first > 12  # above the AUTOINCREMENT high-water mark of the old file
     db = sqlite3.connect(path)
     cols = [r[1] for r in db.execute("PRAGMA table_info(outbox)")]
@@ -437,10 +443,9 @@ def test_a_store_made_before_schema_3_is_packed_with_its_seqs_and_ids(tmp_path: 
 
 def test_packed_rows_are_split_for_a_small_broker_and_keep_their_seqs(tmp_path: Path) -> None:
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
-        s.append(readings(40))
+        append(s, readings(40))
         before = s.readings_between(1, 40)
-        with s.transaction() as db:
-            assert s.split_row_in(db, 1, 600) > 1
+        assert s.commit(lambda db: s.split_row_in(db, 1, 600), frees=True) > 1
         rows = s.waiting_rows(0, 100)
         assert all(len(body) <= 600 for _, _, body in rows)
         assert rows[0][0] == 1 and sum(n for _, n, _ in rows) == 40
@@ -457,8 +462,8 @@ def test_a_row_holds_at_most_its_readings_and_bytes_and_keeps_the_order(tmp_path
         for i in range(250)
     ]
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
-        assert s.append(batch) == (1, 250)
-        rows = s._rdb.execute("SELECT seq, n, marks FROM outbox ORDER BY seq").fetchall()
+        assert append(s, batch) == (1, 250)
+        rows = s.rows_between(1, 250)
         bodies = [unpack_body(b) for b in s.bodies_between(1, 250)]
         got = s.readings_between(1, 250)
     assert len(rows) > 3  # 250 readings need 3 rows by count; the bytes split more
@@ -477,14 +482,14 @@ def test_stats_count_a_completed_message_as_delivered_before_its_lazy_deletion(
     """Rule 3 lets a PUBCOMP's deletion ride a later commit; the status must not show
     those readings as backlog meanwhile, nor their age as the oldest."""
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
-        s.append(readings(4))
-        s.append(readings(6, 4))
-        s.begin_messages("k", [Message(0, 1, 2, QUEUED, "t", 1, 4)])
+        append(s, readings(4))
+        append(s, readings(6, 4))
+        begin(s, "k", [Message(0, 1, 2, QUEUED, "t", 1, 4)])
         s.forget_later(1, 4)  # PUBCOMP received, deletion not yet committed
         assert s.stats()["backlog"] == 6
-        assert s.apply("k", completed=[1]) == 4
+        assert apply(s, "k", completed=[1]) == 4
         assert s.stats()["backlog"] == 6  # and the range is dropped once its rows are gone
-        s.append(readings(2, 10))
+        append(s, readings(2, 10))
         assert s.stats()["backlog"] == 8
 
 
@@ -497,7 +502,7 @@ def test_a_counter_or_total_carries_its_kind_and_a_gauge_says_nothing(tmp_path: 
         Reading("rain.total", 12.2, ts, "mm", kind="total"),
     ]
     with Store(tmp_path / "s.db", gateway_id="gw") as s:
-        s.append(batch)
+        append(s, batch)
         got = s.readings_between(1, 3)
     assert [r.get("kind") for r in got] == [None, "counter", "total"]
     assert not list(

@@ -26,6 +26,8 @@ from pubcomp.sync.packets import (
     Publish,
     Pubrec,
     Pubrel,
+    Suback,
+    Subscribe,
 )
 from pubcomp.sync.store import Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
@@ -47,8 +49,10 @@ class FakeBroker:
         extra_on_connect: list[Any] | None = None,
         connack_props: dict[str, Any] | None = None,
         answer_pings: bool = True,
+        suback: list[int] | None = None,
     ) -> None:
         self.script = script
+        self.suback = suback  # the reason codes a SUBSCRIBE gets (None: no SUBACK at all)
         self.extra_on_connect = extra_on_connect or []
         self.connack_props = {"receive_maximum": 5, **(connack_props or {})}
         self.answer_pings = answer_pings
@@ -103,6 +107,8 @@ class FakeBroker:
                             for rd in json.loads(held.payload)["readings"]:
                                 self.delivered[rd["id"]] += 1
                         send(Pubcomp(pkt.packet_id))
+                    elif isinstance(pkt, Subscribe) and self.suback is not None:
+                        send(Suback(pkt.packet_id, self.suback))
                     elif isinstance(pkt, Pingreq) and self.answer_pings:
                         send(Pingresp())
                     elif isinstance(pkt, Disconnect):
@@ -182,7 +188,7 @@ def test_pubrec_not_authorized_dead_letters_and_goes_on(tmp_path: Path) -> None:
     m = up.metrics()
     assert m["dead_letter"] == 10 and m["backlog"] == 0
     # Nothing is lost: the refused readings are kept in dead_letter, the rest delivered once.
-    dead = {r[0] for r in up.store._db.execute("SELECT id FROM dead_letter")}
+    dead = {d["id"] for d in up.store.dead_letters()}
     assert dead | set(broker.delivered) == expected and not dead & set(broker.delivered)
     assert max(broker.delivered.values()) == 1
 
@@ -265,6 +271,48 @@ def test_a_message_refused_again_and_again_backs_off_then_dead_letters(tmp_path:
     assert gaps[0] >= 0.5 and gaps[1] >= 1.0, gaps  # 0.5 s, then doubled
     m = up.metrics()
     assert m["dead_letter"] == 10 and m["backlog"] == 0 and m["refused_by_broker"] == 2
-    dead = {r[0] for r in up.store._db.execute("SELECT id FROM dead_letter")}
+    dead = {d["id"] for d in up.store.dead_letters()}
     assert dead | set(broker.delivered) == expected and not dead & set(broker.delivered)
     assert max(broker.delivered.values()) == 1
+
+
+def test_a_refused_landed_subscription_is_said_and_nothing_is_let_go(tmp_path: Path) -> None:
+    """A broker that refuses the subscription to the landed topics (SUBACK 0x87, its ACL):
+    the uplink says so (the status's landing row: acknowledgements REFUSED, check the
+    ACL), keeps every delivered reading, and its SUBSCRIBE's id was one no PUBLISH held
+    (MQTT-2.3.1-2: tests/test_session.py)."""
+    from pubcomp.gateway.status import landing
+
+    broker = FakeBroker(suback=[0x87])
+    store_path = tmp_path / "gw.db"
+    fill_store(store_path, 50)
+
+    async def main() -> dict[str, Any]:
+        port = await broker.start()
+        with Store(store_path) as store:
+            up = Uplink(
+                store,
+                f"mqtt://127.0.0.1:{port}",
+                ConnectOptions("gw1", MQTT_5),
+                UplinkConfig(batch=10, landed_timeout=600),
+            )
+            stop = asyncio.Event()
+            task = asyncio.create_task(up.run(stop))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                e2e = up.metrics()["end_to_end"]
+                if e2e["subscription_refused"] is not None and e2e["awaiting_landing"] == 50:
+                    break
+                await asyncio.sleep(0.05)
+            stop.set()
+            await asyncio.wait_for(task, 20)
+            broker.server.close()
+            return up.metrics()["end_to_end"]
+
+    e2e = asyncio.run(main())
+    assert e2e["subscription_refused"] == 0x87 and e2e["awaiting_landing"] == 50, e2e
+    assert "acknowledgements REFUSED by the broker (0x87)" in landing(e2e)
+    subscribe = next(p for p in broker.seen if isinstance(p, Subscribe))
+    assert [(s.topic_filter, s.qos) for s in subscribe.subscriptions] == [
+        ("telemetry/gw1/landed/+", 1)
+    ]

@@ -8,59 +8,36 @@ by an independent paho subscriber, which records every payload.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
 
 from devkit.broker import Mosquitto
+from devkit.checker import Recorder
 from devkit.ingest_helpers import IngestProc, landed
+from devkit.store_helpers import append
 from devkit.uplink_helpers import run_uplink
 from pubcomp.sync.store import Reading, Store, StoreFull
 from tests.test_store import tiny_tmpfs
 
 
-class Payloads:
-    """Every payload on a topic filter, as paho-mqtt received it."""
+def _readings(seen: Recorder) -> list[str]:
+    return [r["id"] for p in seen.payloads() for r in json.loads(p)["readings"]]
 
-    def __init__(self, port: int, topic: str = "telemetry/#") -> None:
-        self.got: list[bytes] = []
-        self._lock = threading.Lock()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="payloads")
-        self.c.on_message = lambda _c, _u, m: self._add(m.payload)
-        subscribed = threading.Event()
-        self.c.on_subscribe = lambda *_: subscribed.set()
-        self.c.on_connect = lambda c, *_: c.subscribe(topic, qos=2)
-        self.c.connect("127.0.0.1", port)
-        self.c.loop_start()
-        assert subscribed.wait(10)
 
-    def _add(self, payload: bytes) -> None:
-        with self._lock:
-            self.got.append(payload)
-
-    def readings(self) -> list[str]:
-        with self._lock:
-            return [r["id"] for p in self.got for r in json.loads(p)["readings"]]
-
-    def wait(self, n: int, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and len(self.readings()) < n:
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
+def _wait_readings(seen: Recorder, n: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(_readings(seen)) < n:
+        time.sleep(0.05)
 
 
 def _stored_together(path: Path, n: int) -> set[str]:
     """``n`` readings appended in one call (one node message, or one group commit of
     sensor readings): stored packed, up to 100 to an outbox row."""
     with Store(path, gateway_id="gw1") as s:
-        first, last = s.append(
-            Reading(f"s{i % 3}", float(i), "2026-11-25T00:00:00.000Z", "C") for i in range(n)
+        first, last = append(
+            s, (Reading(f"s{i % 3}", float(i), "2026-11-25T00:00:00.000Z", "C") for i in range(n))
         )
         return {f"gw1/{s.epoch}/{q}" for q in range(first, last + 1)}
 
@@ -71,15 +48,15 @@ def test_batch_is_honoured_for_readings_stored_together(
     """``--batch 1`` over three readings stored together: three messages of one reading
     (before: one message with all three, since a row was never split)."""
     ids = _stored_together(tmp_path / "gw.db", 3)
-    seen = Payloads(mosquitto.port)
+    seen = Recorder(mosquitto.port)
     try:
         res = run_uplink(tmp_path / "gw.db", mosquitto.url, "--batch", "1")
         assert res.returncode == 0, res.stderr
-        seen.wait(3)
+        _wait_readings(seen, 3)
     finally:
         seen.stop()
-    assert [len(json.loads(p)["readings"]) for p in seen.got] == [1, 1, 1]
-    assert set(seen.readings()) == ids
+    assert [len(json.loads(p)["readings"]) for p in seen.payloads()] == [1, 1, 1]
+    assert set(_readings(seen)) == ids
 
 
 @pytest.mark.parametrize(("batch", "max_bytes"), [(100, 4096), (7, 128 * 1024)])
@@ -87,17 +64,17 @@ def test_a_node_message_of_500_readings_respects_batch_and_max_bytes(
     tmp_path: Path, mosquitto: Mosquitto, batch: int, max_bytes: int
 ) -> None:
     ids = _stored_together(tmp_path / "gw.db", 500)
-    seen = Payloads(mosquitto.port)
+    seen = Recorder(mosquitto.port)
     try:
         args = ("--batch", str(batch), "--max-bytes", str(max_bytes))
         res = run_uplink(tmp_path / "gw.db", mosquitto.url, *args)
         assert res.returncode == 0, res.stderr
-        seen.wait(500)
+        _wait_readings(seen, 500)
     finally:
         seen.stop()
-    assert max(len(p) for p in seen.got) <= max_bytes
-    assert max(len(json.loads(p)["readings"]) for p in seen.got) <= batch
-    got = seen.readings()
+    assert max(len(p) for p in seen.payloads()) <= max_bytes
+    assert max(len(json.loads(p)["readings"]) for p in seen.payloads()) <= batch
+    got = _readings(seen)
     assert set(got) == ids and len(got) == 500  # every reading once, ids unchanged
 
 
@@ -114,9 +91,12 @@ def test_a_full_disk_does_not_stop_the_uplink(tmp_path: Path, mosquitto: Mosquit
         ids: set[str] = set()
         with Store(store, gateway_id="gw1") as s, pytest.raises(StoreFull):
             for i in range(100_000):
-                first, last = s.append(
-                    Reading("t", float(j), "2026-11-25T00:00:00.000Z", "C")
-                    for j in range(i * 50, i * 50 + 50)
+                first, last = append(
+                    s,
+                    (
+                        Reading("t", float(j), "2026-11-25T00:00:00.000Z", "C")
+                        for j in range(i * 50, i * 50 + 50)
+                    ),
                 )
                 ids |= {f"gw1/{s.epoch}/{q}" for q in range(first, last + 1)}
         res = run_uplink(store, mosquitto.url, "--batch", "100", end_to_end=True, timeout=120)

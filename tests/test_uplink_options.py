@@ -14,6 +14,7 @@ import pytest
 
 from devkit.broker import Mosquitto, free_port
 from devkit.checker import Checker, exactly_once_report
+from devkit.store_helpers import append
 from devkit.uplink_helpers import fill_store, run_uplink, start_uplink, stop_after
 from pubcomp.sync.packets import Publish
 from pubcomp.sync.store import Reading, Store
@@ -239,8 +240,8 @@ def test_a_row_larger_than_the_broker_takes_is_split_and_sent_whole(tmp_path: Pa
     """A node's 100 readings are one outbox row (about 11 kB of JSON); a broker that takes
     2 kB packets gets them in several PUBLISHes, each reading once, with its own id."""
     with Store(tmp_path / "gw.db", gateway_id="gw1") as store:
-        first, last = store.append(
-            Reading(f"s{i}", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(100)
+        first, last = append(
+            store, (Reading(f"s{i}", float(i), "2026-11-21T00:00:00.000Z", "C") for i in range(100))
         )
         big = {f"gw1/{store.epoch}/{seq}" for seq in range(first, last + 1)}
         assert len(store.waiting_rows(0, 100)) == 1

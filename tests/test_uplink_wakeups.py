@@ -8,6 +8,7 @@ from pathlib import Path
 
 from devkit.broker import Mosquitto
 from devkit.checker import Checker
+from devkit.store_helpers import append
 from pubcomp.sync.client import ConnectOptions
 from pubcomp.sync.store import Reading, Store
 from pubcomp.sync.uplink import Uplink, UplinkConfig
@@ -29,7 +30,7 @@ def test_frequent_wakeups_never_strand_a_message_in_flight(
         stop = asyncio.Event()
         task = asyncio.create_task(uplink.run(stop))
         for i in range(n):
-            store.append([Reading("s", float(i), "2026-11-21T00:00:00.000Z", "C")])
+            append(store, [Reading("s", float(i), "2026-11-21T00:00:00.000Z", "C")])
             if i % 3 == 0:
                 await asyncio.sleep(0.0005)
         deadline = time.monotonic() + 15

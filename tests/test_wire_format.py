@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from devkit.store_helpers import append
 from pubcomp.sync.client import ConnectOptions
 from pubcomp.sync.commands import normalise_ts
 from pubcomp.sync.packets import MQTT_5, Publish, Pubrec
@@ -42,7 +43,8 @@ def test_uplink_payloads_validate_and_dup_resend_is_byte_identical(tmp_path: Pat
     broker = FakeBroker(script)
     store_path = tmp_path / "gw.db"
     with Store(store_path, gateway_id="gw-7") as s:
-        s.append(
+        append(
+            s,
             [
                 Reading("rain", 0.2, "2026-11-21T12:00:05.000Z", "mm"),
                 Reading(
@@ -54,12 +56,15 @@ def test_uplink_payloads_validate_and_dup_resend_is_byte_identical(tmp_path: Pat
                     flags=["clock_unsynced"],
                     id="node-7/42/1187.0",
                 ),
-            ]
+            ],
         )
         for start in range(0, 30, 6):  # rows of 6: messages of whole rows, several of them
-            s.append(
-                Reading("é-sensor", float(i), "2026-11-21T12:00:06.000Z", "°C")
-                for i in range(start, start + 6)
+            append(
+                s,
+                (
+                    Reading("é-sensor", float(i), "2026-11-21T12:00:06.000Z", "°C")
+                    for i in range(start, start + 6)
+                ),
             )
 
     async def main() -> None:
@@ -145,7 +150,7 @@ _FIELD_VALUES: dict[str, list[Any]] = {
     "readings": [[], [{"sensor": "a", "value": 1, "unit": "u"}] * 501, "x"],
 }
 _READING_VALUES: dict[str, list[Any]] = {
-    "sensor": ["", "s" * 64, "s" * 65, 3, None],
+    "sensor": ["", "s" * 64, "s" * 65, 3, None, "$ledger", "a$"],
     "value": [0, -1e300, 1.5, True, "2", None],
     "unit": [None, "", "u" * 16, "u" * 17, 1],
     "dt": [0, 1.5, -1, "1", None, 1e12, 3_155_760_000, 3_155_760_001],

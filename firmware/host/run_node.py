@@ -37,7 +37,15 @@ def ticks_diff(a: int, b: int) -> int:
 
 def main() -> None:
     flash = Path(sys.argv[1]).resolve()
-    sys.path[:0] = [str(HERE / "standins"), str(FIRMWARE / "lib"), str(ROOT / ".cache" / "umqtt")]
+    # As on the board: the stand-ins are the port's own modules, pubboot.py sits at the
+    # root, the factory set in /lib, umqtt installed by mip.
+    sys.path[:0] = [
+        str(HERE / "standins"),
+        str(FIRMWARE / "lib"),
+        str(ROOT / ".cache" / "umqtt"),
+    ]
+    sys.path.append(str(FIRMWARE))  # pubboot.py, at the root of the board
+    sys.dont_write_bytecode = True  # nothing in the flash directory but what the board has
     time.ticks_ms = ticks_ms  # type: ignore[attr-defined]
     time.ticks_add = ticks_add  # type: ignore[attr-defined]
     time.ticks_diff = ticks_diff  # type: ignore[attr-defined]
@@ -46,6 +54,12 @@ def main() -> None:
     sys.print_exception = lambda e: traceback.print_exception(e, file=sys.stdout)  # type: ignore[attr-defined]
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     os.chdir(flash)
+    try:
+        import esp32  # the stand-in, where the board is an ESP32 with OTA partitions
+    except ImportError:
+        pass
+    else:
+        esp32.boot_rom()  # the bootloader: which app partition runs, its rollback
     runpy.run_path(str(FIRMWARE / "boot.py"), run_name="__main__")
     runpy.run_path(str(FIRMWARE / "main.py"), run_name="__main__")
 

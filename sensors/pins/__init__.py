@@ -23,6 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+# GPIOUnavailable is defined with the rest of sensors/'s errors; importable from here too.
+from ..errors import GPIOUnavailable as GPIOUnavailable
+from ..errors import SensorConfigError
+
 log = logging.getLogger(__name__)
 
 EdgeCallback = Callable[[bool, float], None]  # (level, seconds on a monotonic clock)
@@ -47,10 +51,6 @@ class PinFactory(Protocol):
     def input(self, number: int, pull: str = "up") -> InputPin: ...
 
     def close(self) -> None: ...
-
-
-class GPIOUnavailable(RuntimeError):
-    """The backend's library or the pin cannot be used on this machine."""
 
 
 # The RP1 boards, whose GPIO RPi.GPIO cannot drive: "Raspberry Pi 5 Model B", "Raspberry
@@ -107,4 +107,4 @@ def make_factory(name: str, **kwargs: Any) -> PinFactory:
         from .simulated import SimulatedFactory
 
         return SimulatedFactory(**kwargs)
-    raise ValueError(f"unknown gpio backend {name!r}; one of {BACKENDS}")
+    raise SensorConfigError(f"unknown gpio backend {name!r}; one of {BACKENDS}")

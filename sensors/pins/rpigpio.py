@@ -7,7 +7,8 @@ import time
 from types import ModuleType
 from typing import Any
 
-from . import PULLS, EdgeCallback, GPIOUnavailable
+from ..errors import GPIOUnavailable, SensorConfigError
+from . import PULLS, EdgeCallback
 
 
 def _import_gpio() -> ModuleType:
@@ -61,7 +62,7 @@ class RPiGPIOFactory:
 
     def input(self, number: int, pull: str = "up") -> RPiGPIOPin:
         if pull not in PULLS:
-            raise ValueError(f"pull must be one of {PULLS}")
+            raise SensorConfigError(f"pull must be one of {PULLS}")
         try:
             pin = RPiGPIOPin(self._gpio, number, pull)
         except (RuntimeError, ValueError) as exc:

@@ -12,6 +12,7 @@ import random
 import threading
 import time
 
+from ..errors import SensorConfigError
 from . import PULLS, EdgeCallback
 
 SIMULATED = "simulated"  # the reading flag (docs/wire-format.md)
@@ -68,7 +69,7 @@ class SimulatedFactory:
 
     def input(self, number: int, pull: str = "up") -> SimulatedPin:
         if pull not in PULLS:
-            raise ValueError(f"pull must be one of {PULLS}")
+            raise SensorConfigError(f"pull must be one of {PULLS}")
         pin = self.pins.get(number) or SimulatedPin(number, pull)
         self.pins[number] = pin
         return pin

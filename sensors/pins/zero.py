@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import PULLS, EdgeCallback, GPIOUnavailable
+from ..errors import GPIOUnavailable, SensorConfigError
+from . import PULLS, EdgeCallback
 
 
 class GpiozeroPin:
@@ -61,7 +62,7 @@ class GpiozeroFactory:
 
     def input(self, number: int, pull: str = "up") -> GpiozeroPin:
         if pull not in PULLS:
-            raise ValueError(f"pull must be one of {PULLS}")
+            raise SensorConfigError(f"pull must be one of {PULLS}")
         try:
             pin = GpiozeroPin(self._factory.pin(number), number, pull)
         except Exception as exc:

@@ -4,18 +4,24 @@
 # message leaves the outbox only when its PUBACK has arrived. The watchdog is
 # fed from this loop only, so a hang anywhere (a sensor, the socket, the flash)
 # reboots the node.
+#
+# Software from the gateway (update.py) is fetched a chunk per pass of the same
+# loop, between readings, so sampling, sending and the watchdog carry on; a
+# verified set is staged and tried at the next boot (pubboot.py, passed in as
+# ``bootsel``), and committed here once the gateway has acknowledged a reading.
 import gc
 import time
 
 import machine
 
-from . import bootcount, config, sensors
+from . import auth, bootcount, config, image, sensors
 from .leds import StatusLed
 from .link import Link, PinnedTls
 from . import message
 from .outbox import Outbox
 from .ring import Ring
 from .spill import SpillLog
+from .update import FETCH, IDLE, READY, Updater
 from .wifi import Wifi
 
 STATUS_EVERY_MS = 60000
@@ -28,9 +34,30 @@ def clock_set():
 
 
 class Node:
-    def __init__(self, cfg, wifi=None):
+    def __init__(self, cfg, wifi=None, bootsel=None):
         self.cfg = cfg
         self.boot = bootcount.next_boot()
+        # bootsel: pubboot (which set runs, its trial); without it no updates are taken.
+        self.bootsel = bootsel
+        self.sw = bootsel.version if bootsel is not None else 0
+        up = cfg["update"]
+        self.updater = None
+        if up["enabled"] and bootsel is not None:
+            node = cfg["node"]
+            key = auth.node_key(node["password"], node["id"])
+            self.updater = Updater(
+                node["id"], key, self.sw, bootsel.bad, image=bootsel.image,
+                image_bad=bootsel.image_bad, image_sink=image.sink,
+            )  # fmt: skip
+        self.trial_until = None
+        if bootsel is not None and (bootsel.trial or bootsel.image_trial):
+            self.trial_until = time.ticks_add(time.ticks_ms(), int(up["trial_s"] * 1000))
+            what = "image %d" % bootsel.image if bootsel.image_trial else "version %d" % self.sw
+            print("update: trying %s: it must deliver a reading within %d s"
+                  % (what, up["trial_s"]))  # fmt: skip
+        self.hello_on = -1  # link.connects when the last hello went out
+        self.next_hello = time.ticks_ms()
+        self.asked = None  # (connects, ticks) of the chunk request awaiting its answer
         self.seq = 0
         self.rounds = 0
         sp = cfg["spill"]
@@ -50,6 +77,7 @@ class Node:
             gw["keepalive_s"],
             gw["timeout_s"],
             tls,
+            updates=self.updater is not None,
         )
         self.cert_said = False
         self.wifi = wifi or Wifi(cfg["wifi"]["ssid"], cfg["wifi"]["password"])
@@ -106,7 +134,95 @@ class Node:
         if ok:
             self.outbox.ack()
             self.sent += 1
+            if self.trial_until is not None:
+                self.commit()
         return ok
+
+    # ------------------------------------------------------------ software updates
+
+    def commit(self):
+        """The set (or image) on trial connected and had a reading acknowledged: keep it."""
+        b = self.bootsel
+        if b.image_trial:
+            b.commit_image()  # mark_app_valid_cancel_rollback: the bootloader keeps it
+            what = "image %d" % b.image
+            if self.updater is not None:
+                self.updater.image = b.image
+        if b.trial:
+            b.commit()
+            what = "version %d" % self.sw
+        self.trial_until = None
+        print("update: %s committed: connected, and the gateway acknowledged a reading"
+              % what)  # fmt: skip
+        if self.updater is not None:
+            self.updater.changed = True  # tell the gateway at once
+
+    def check_trial(self):
+        if self.trial_until is None or time.ticks_diff(time.ticks_ms(), self.trial_until) < 0:
+            return
+        what = "image %d" % self.bootsel.image if self.bootsel.image_trial else "version %d" % self.sw
+        print("update: %s delivered no reading in %d s: restarting into the one before it"
+              % (what, self.cfg["update"]["trial_s"]))  # fmt: skip
+        self.restart()
+
+    def restart(self):
+        self.outbox.spill_all()  # what RAM holds survives only in the flash log
+        self.link.close()
+        machine.reset()
+
+    def update_step(self):
+        """One step of a software update: take the answers, ask the next thing."""
+        u, link = self.updater, self.link
+        if u is None or not link.up:
+            return
+        link.poll()
+        for msg in link.take():
+            u.take(msg)
+            self.asked = None
+        if not link.up or not link.subscribed:
+            return
+        now = time.ticks_ms()
+        if u.state == READY:
+            if self.outbox.log is not None or self.outbox.peek() is None:
+                kind = u.kind
+                v = u.apply(self.bootsel.stage, self.bootsel.stage_image)
+                if kind == "image":
+                    print("update: image %d written and set to boot; restarting to try it" % v)
+                else:
+                    print("update: version %d staged beside version %d; restarting to try it"
+                          % (v, self.sw))  # fmt: skip
+                self.restart()
+            return
+        if link.connects != self.hello_on or u.changed or time.ticks_diff(now, self.next_hello) >= 0:
+            # On each connect, after news, and every check_s: what runs, what is held.
+            if link.request(u.hello(self.trial_until is not None, self.boot)):
+                self.hello_on = link.connects
+                self.next_hello = time.ticks_add(now, int(self.cfg["update"]["check_s"] * 1000))
+                self.asked = (link.connects, now)  # the gateway answers every hello
+            return
+        if u.state != FETCH:
+            return
+        a = self.asked
+        wait = self.cfg["gateway"]["timeout_s"] * 1000
+        if a is None or a[0] != link.connects or time.ticks_diff(now, a[1]) > wait:
+            if link.request(u.request()):
+                self.asked = (link.connects, now)
+
+    def updating(self):
+        """An answer awaited, or more to fetch or tell."""
+        u = self.updater
+        if u is None or not self.link.up:
+            return False
+        return self.asked is not None or u.changed or u.state != IDLE
+
+    def update_text(self):
+        u = self.updater
+        if u is None:
+            return "off"
+        if u.state == IDLE:
+            return "idle"
+        done, total = u.progress()
+        return "%s v%d %d/%d" % (u.state, u.version, done, total)
 
     def show_state(self):
         if not self.wifi.up():
@@ -134,7 +250,7 @@ class Node:
         return (
             "boot %d seq %d sent %d pending %d lost %d spill_bytes %d connects %d "
             "link_failures %d sensor_errors %d mem_free %d connect_ms %d connect_heap %d "
-            "tls %d cert_refused %d led %s"
+            "tls %d cert_refused %d led %s sw %d%s update %s"
             % (
                 self.boot,
                 self.seq,
@@ -151,6 +267,9 @@ class Node:
                 self.link.tls is not None,
                 self.link.cert_refused,
                 self.led.state,
+                self.sw,
+                " (trial)" if self.trial_until is not None else "",
+                self.update_text(),
             )
         )
 
@@ -172,6 +291,7 @@ class Node:
         next_status = time.ticks_add(next_sample, STATUS_EVERY_MS)
         while not self.done():
             self.feed()
+            self.check_trial()
             now = time.ticks_ms()
             limit = self.cfg["rounds"]
             if time.ticks_diff(now, next_sample) >= 0 and not (limit and self.rounds >= limit):
@@ -184,12 +304,15 @@ class Node:
                 if self.link.ensure():
                     if not self.send_one():
                         self.link.keepalive()
+                    self.update_step()
             self.show_state()
             if time.ticks_diff(now, next_status) >= 0:
                 print(self.status())
                 next_status = time.ticks_add(now, STATUS_EVERY_MS)
             if self.outbox.peek() is None or not self.link.up:
                 wait = time.ticks_diff(next_sample, time.ticks_ms())
+                if self.updating():
+                    wait = 2  # an answer is on its way: look again soon
                 time.sleep_ms(max(1, min(wait, 50)))
         print(self.status())
 
@@ -206,6 +329,15 @@ class Node:
                         break
                 else:
                     time.sleep_ms(100)
+            # What is left of the wake goes to a software update, a few chunks a wake.
+            while self.updater is not None and time.ticks_diff(deadline, time.ticks_ms()) > 0:
+                self.feed()
+                if not self.link.up:
+                    break
+                self.update_step()
+                if not self.updating():
+                    break
+                time.sleep_ms(2)
         self.outbox.spill_all()  # RAM does not survive deep sleep; the flash log does
         print(self.status())
         self.link.close()

@@ -28,6 +28,9 @@ DEFAULTS = {
     "wdt_ms": 30000,
     "led": {"pin": None, "active_high": True},
     "sensors": [],
+    # Software from the gateway (docs/firmware.md): ask every check_s; a new set must
+    # deliver a reading within trial_s of its first boot, or the node goes back.
+    "update": {"enabled": True, "check_s": 300, "trial_s": 120},
     "rounds": 0,  # stop after this many sampling rounds (0: never); for tests and benchmarks
 }
 REQUIRED = (("gateway", "host"), ("node", "id"), ("node", "password"))
@@ -89,6 +92,10 @@ def merged(data):
         raise ConfigError("config.json: spill.mode must be one of %s" % (SPILL_MODES,))
     if out["deep_sleep"] and out["spill"]["mode"] == "off":
         raise ConfigError("config.json: deep_sleep needs spill.mode overflow or always")
+    up = out["update"]
+    for k in ("check_s", "trial_s"):
+        if not (isinstance(up[k], (int, float)) and up[k] > 0):
+            raise ConfigError("config.json: update.%s must be a positive number of seconds" % k)
     if not (isinstance(out["buffer_readings"], int) and out["buffer_readings"] > 0):
         raise ConfigError("config.json: buffer_readings must be a positive integer")
     for i, s in enumerate(out["sensors"]):

@@ -15,6 +15,11 @@
 # - TLS verified against one pinned certificate (gateway.ca in config.json):
 #   never CERT_NONE, which on mbedTLS ports checks nothing at all; CONNECT in
 #   one write there too (see Client).
+# - software offers (update.py): the node subscribes to nodes/<id>/update at
+#   each connect, asks on nodes/<id>/update/req (QoS 0) and takes the answers
+#   as they come, in poll() or while a publish waits for its PUBACK; a
+#   gateway that refuses the subscription (one without node updates) is sent
+#   no requests.
 import gc
 import time
 
@@ -74,7 +79,9 @@ class Coalesce:
     def __init__(self, sock, tls=None, timeout=None):
         self.sock = sock
         self.tls = tls
+        self.timeout = timeout
         self.buf = bytearray()
+        self.rx = 0  # reads that returned bytes: anything from the gateway shows it is there
         if timeout is not None:
             sock.settimeout(timeout)
 
@@ -98,13 +105,21 @@ class Coalesce:
 
     def read(self, n):
         self.flush()
-        return self.sock.read(n)
+        data = self.sock.read(n)
+        if data:
+            self.rx += 1
+        return data
 
     def settimeout(self, t):
         self.sock.settimeout(t)
 
     def setblocking(self, flag):
-        self.sock.setblocking(flag)
+        # umqtt's wait_msg makes the socket blocking once a packet's first byte is in:
+        # keep the timeout instead, so a gateway that stops mid-packet cannot hold the node.
+        if flag and self.timeout is not None:
+            self.sock.settimeout(self.timeout)
+        else:
+            self.sock.setblocking(flag)
 
     def close(self):
         self.buf = bytearray()
@@ -137,8 +152,13 @@ class Client(MQTTClient):
         self._sock = s
 
 
+INBOX = 2  # update messages kept until the loop takes them (one is asked for at a time)
+
+
 class Link:
-    def __init__(self, node_id, password, host, port, keepalive_s=60, timeout_s=10, tls=None):
+    def __init__(
+        self, node_id, password, host, port, keepalive_s=60, timeout_s=10, tls=None, updates=False
+    ):
         self.node_id = node_id
         self.tls = tls  # a PinnedTls, or None for plaintext
         self.password = password
@@ -146,11 +166,18 @@ class Link:
         self.keepalive_s = keepalive_s
         self.timeout_s = timeout_s
         self.topic = ("nodes/%s/readings" % node_id).encode()
+        self.update_topic = ("nodes/%s/update" % node_id).encode()
+        self.request_topic = ("nodes/%s/update/req" % node_id).encode()
+        self.updates = updates  # subscribe to software offers at each connect
+        self.subscribed = False  # the gateway took the subscription on this connection
+        self.inbox = []
+        self.dropped = 0  # update messages that came faster than the loop took them
         self.client = None
         self.backoff_ms = BACKOFF_MIN_MS
         self.next_try = time.ticks_ms()
         self.last_tx = self.next_try
         self.ping_sent = None
+        self.ping_rx = 0
         self.connects = 0
         self.failures = 0
         self.last_error = None
@@ -171,6 +198,7 @@ class Link:
 
     def close(self):
         c, self.client, self.ping_sent = self.client, None, None
+        self.subscribed = False
         if c is not None and c.sock is not None:
             try:
                 c.sock.close()
@@ -199,6 +227,15 @@ class Link:
         self.connect_heap = free0 - free1 if free0 >= 0 and free1 >= 0 else -1
         self.cert_refused = False
         self.client = c
+        if self.updates:
+            try:
+                c.subscribe(self.update_topic)
+                self.subscribed = True
+            except MQTTException:
+                self.subscribed = False  # a gateway without node updates: nothing to ask
+            except LINK_ERRORS as e:
+                self._fail(e)
+                return False
         self.connects += 1
         self.backoff_ms = BACKOFF_MIN_MS
         self.last_tx = time.ticks_ms()
@@ -215,7 +252,52 @@ class Link:
         )
         c.tls = self.tls
         c.timeout = self.timeout_s
+        c.set_callback(self._on_msg)
         return c
+
+    def _on_msg(self, topic, msg):
+        if topic != self.update_topic:
+            return
+        if len(self.inbox) >= INBOX:
+            self.inbox.pop(0)
+            self.dropped += 1
+        self.inbox.append(msg)
+
+    def take(self):
+        """The update messages received since the last call."""
+        got, self.inbox = self.inbox, []
+        return got
+
+    def request(self, payload):
+        """Ask the gateway something about software (QoS 0: the answer is the ack)."""
+        c = self.client
+        if c is None:
+            return False
+        try:
+            c.sock.settimeout(self.timeout_s)
+            c.publish(self.request_topic, payload, qos=0)
+            c.sock.flush()
+        except LINK_ERRORS as e:
+            self._fail(e)
+            return False
+        self.last_tx = time.ticks_ms()
+        return True
+
+    def poll(self):
+        """Take what the gateway sent without waiting: answers, PINGRESP."""
+        c = self.client
+        if c is None:
+            return
+        try:
+            for _ in range(INBOX):
+                rx = c.sock.rx
+                op = c.check_msg()  # umqtt: None for a PUBLISH (to _on_msg) or a PINGRESP
+                if op is not None:
+                    raise OSError("unexpected packet 0x%02x" % op)
+                if c.sock.rx == rx:
+                    break
+        except LINK_ERRORS as e:
+            self._fail(e)
 
     def send(self, payload):
         """Publish at QoS 1 and wait for the PUBACK: True when it came."""
@@ -242,32 +324,17 @@ class Link:
         now = time.ticks_ms()
         try:
             if self.ping_sent is not None:
-                self._poll_pong()
-                if self.ping_sent is not None and (
-                    time.ticks_diff(now, self.ping_sent) > self.timeout_s * 1000
-                ):
+                self.poll()
+                if self.client is None:
+                    return
+                if c.sock.rx != self.ping_rx:
+                    self.ping_sent = None  # the PINGRESP, or anything else: it is there
+                elif time.ticks_diff(now, self.ping_sent) > self.timeout_s * 1000:
                     raise OSError("no PINGRESP in %d s" % self.timeout_s)
             elif time.ticks_diff(now, self.last_tx) > self.keepalive_s * 500:
                 c.ping()
                 c.sock.flush()
                 self.ping_sent = self.last_tx = now
+                self.ping_rx = c.sock.rx
         except LINK_ERRORS as e:
             self._fail(e)
-
-    def _poll_pong(self):
-        # The ingress sends a node nothing unasked but PINGRESP, so a raw read suffices.
-        s = self.client.sock
-        s.setblocking(False)
-        try:
-            b = s.read(2)
-        finally:
-            s.settimeout(self.timeout_s)
-        if b is None:
-            return
-        if b == b"":
-            raise OSError("gateway closed the connection")
-        if len(b) == 1:
-            b += s.read(1) or b""  # the rest of the packet, under the timeout again
-        if b[0] != 0xD0:
-            raise OSError("unexpected packet 0x%02x" % b[0])
-        self.ping_sent = None

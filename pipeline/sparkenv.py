@@ -1,0 +1,41 @@
+"""Spark as the pipeline's commands use it: the session with the pipeline's settings,
+and the warehouse's and landing zone's files through Hadoop's file system (so a
+cluster URL, hdfs:// or s3a://, works as a local path does).
+
+Apart from pipeline/job.py so that the jobs beside it (pipeline/health.py, the
+report) use them without importing the readings job, which runs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+
+def path_exists(spark: SparkSession, path: str) -> bool:
+    """Through Hadoop's file system, so a cluster URL (hdfs://, s3a://) works as a local path."""
+    fs, p = hadoop_path(spark, path)
+    return bool(fs.exists(p))
+
+
+def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """Hadoop's file system for ``path``, and the path as Hadoop's ``Path`` (py4j objects)."""
+    jvm: Any = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    return p.getFileSystem(conf), p
+
+
+def spark_session(master: str | None = None, app: str = "pubcomp-pipeline") -> SparkSession:
+    builder = SparkSession.builder.appName(app)
+    if master:
+        builder = builder.master(master)
+    return (
+        builder.config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )

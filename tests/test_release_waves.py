@@ -1,0 +1,131 @@
+"""pipeline/rollout.py's rules on their own: how waves are cut, and the gates' verdicts
+for what a broker cannot easily be made to show (silence, a timeout, a gateway offline
+at its wave). The real-process rollouts are in tests/test_release_rollout.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from pubcomp.pipeline import rollout as ro
+from pubcomp.sync.releaselink import FleetSeen, Seen
+
+
+def test_waves_canaries_first_then_cumulative_shares_of_the_fleet() -> None:
+    gws = [f"gw-{i:02d}" for i in range(20)]
+    waves = ro.plan_waves(gws, ["gw-07"], [0.1, 0.5, 1.0])
+    assert waves[0] == ["gw-07"]
+    assert [len(w) for w in waves] == [1, 1, 8, 10]  # 10 % = 2 with the canary, 50 % = 10
+    assert sorted(g for w in waves for g in w) == sorted(gws)
+
+
+def test_every_wave_has_a_gateway_and_the_last_reaches_everyone() -> None:
+    assert ro.plan_waves(["a", "b", "c"], [], [0.01]) == [["a"], ["b", "c"]]
+    assert ro.plan_waves(["a"], ["a"], [0.5, 1.0]) == [["a"]]
+    with pytest.raises(ValueError, match="not a gateway"):
+        ro.plan_waves(["a"], ["z"], [1.0])
+    assert ro.parse_shares("10%,50%,100%") == [0.1, 0.5, 1.0]
+    with pytest.raises(ValueError, match="must grow"):
+        ro.parse_shares("50%,10%")
+
+
+class Scripted:
+    """A subject whose gateways answer as scripted: state per gateway once published."""
+
+    label = "release 9"
+
+    def __init__(self, answers: dict[str, ro.State]) -> None:
+        self.answers = answers
+        self.published: list[str] = []
+        self.reverted_gws: list[str] = []
+
+    async def publish(self, gateway: str) -> None:
+        self.published.append(gateway)
+
+    def judge(self, seen: Seen | None, since: float) -> tuple[ro.State, str]:
+        assert seen is not None
+        return self.answers.get(seen.gateway, "sent"), "scripted"
+
+    async def revert(self, gateways: Sequence[str]) -> dict[str, str]:
+        self.reverted_gws = list(gateways)
+        return {g: "published release 10" for g in gateways}
+
+    def reverted(self, gateway: str, seen: Seen | None) -> bool:
+        return True
+
+
+def _fleet(online: dict[str, bool]) -> FleetSeen:
+    f = FleetSeen({})
+    for g, up in online.items():
+        s = Seen(g, online=up, drain_rate=5.0)
+        s.history.append((0.0, 0, 5.0))
+        f.gateways[g] = s
+    return f
+
+
+def _run(
+    subject: Scripted,
+    waves: list[list[str]],
+    fleet: FleetSeen,
+    rate_after: float = 5.0,
+    **rules: float,
+) -> ro.Result:
+    lines: list[str] = []
+
+    async def pump(timeout: float) -> None:
+        # Each online gateway's status comes on (silence would fail a committed one).
+        await asyncio.sleep(min(timeout, 0.01))
+        for s in fleet.gateways.values():
+            if s.online:
+                s.history.append((time.monotonic(), 0, rate_after))
+
+    r = ro.Rules(**{"timeout_s": 0.3, "settle_s": 0.0, "revert_timeout_s": 0.3, **rules})  # type: ignore[arg-type]
+    return asyncio.run(ro.roll_out(subject, waves, fleet, pump, r, lines.append, canary=True))
+
+
+def test_a_gateway_that_says_nothing_fails_its_wave_and_the_updated_ones_are_reverted() -> None:
+    fleet = _fleet({"a": True, "b": True, "c": True})
+    subject = Scripted({"a": "committed"})  # b never answers
+    result = _run(subject, [["a"], ["b"], ["c"]], fleet)
+    assert not result.complete and result.halted_at == 1
+    assert result.tracks["b"].state == "silent"
+    assert subject.published == ["a", "b"]  # c never had it
+    assert subject.reverted_gws == ["a", "b"]
+
+
+def test_an_offline_gateway_is_published_to_but_not_waited_for() -> None:
+    fleet = _fleet({"a": True, "b": False})
+    subject = Scripted({"a": "committed"})
+    result = _run(subject, [["a", "b"]], fleet)
+    assert result.complete, result.why
+    assert result.tracks["b"].state == "offline" and "b" in subject.published
+
+
+def test_failures_up_to_the_threshold_pass_the_wave() -> None:
+    fleet = _fleet({"a": True, "b": True, "c": True})
+    subject = Scripted({"a": "committed", "b": "failed", "c": "committed"})
+    assert _run(subject, [["a", "b", "c"]], fleet, max_failures=1).complete
+    assert not _run(Scripted(dict(subject.answers)), [["a", "b", "c"]], fleet).complete
+
+
+def test_a_drop_in_readings_after_the_commit_fails_the_gate() -> None:
+    fleet = _fleet({"a": True})
+    result = _run(Scripted({"a": "committed"}), [["a"]], fleet, rate_after=0.5)  # was 5/s
+    assert result.tracks["a"].state == "dropped"
+    assert _run(Scripted({"a": "committed"}), [["a"]], _fleet({"a": True}), rate_after=2.6).complete
+
+
+def test_a_committed_gateway_that_then_says_nothing_fails_by_the_timeout() -> None:
+    fleet = _fleet({"a": True})
+    lines: list[str] = []
+
+    async def silent(timeout: float) -> None:
+        await asyncio.sleep(min(timeout, 0.01))
+
+    r = ro.Rules(timeout_s=0.3, settle_s=0.0, revert_timeout_s=0.1)
+    subject = Scripted({"a": "committed"})
+    result = asyncio.run(ro.roll_out(subject, [["a"]], fleet, silent, r, lines.append))
+    assert result.tracks["a"].state == "timeout" and not result.complete
