@@ -29,6 +29,7 @@ an empty warehouse whatever H; the pipeline at most 1.3x the plain batch job.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -263,7 +264,7 @@ def fleet(args: argparse.Namespace) -> int:
                     con.close()
                 rows.append(
                     (streams, landed - inc_lines, hist_s, hs.seconds, inc_lines, inc.seconds,
-                     alone.seconds, plain_s, idx_files, idx_bytes, verdict)
+                     alone.seconds, plain_s, idx_files, idx_bytes, os.getloadavg()[0], verdict)
                 )  # fmt: skip
                 print(_fleet_row(rows[-1]), flush=True)
                 for p in (wh_inc, alone_landing, tmp / "wh-alone", tmp / "plain-out"):
@@ -275,7 +276,7 @@ def fleet(args: argparse.Namespace) -> int:
     print(f"fleet mode, increment {increment:,} lines, {args.master}")
     print(
         "  streams  history-lines  history-s  inc-lines  increment-s  alone-s  plain-s  "
-        "inc/alone  alone/plain  inc/plain  index-files  index-MB  tables"
+        "inc/alone  alone/plain  inc/plain  index-files  index-MB  load  tables"
     )
     for r in rows:
         print(_fleet_row(r))
@@ -283,12 +284,12 @@ def fleet(args: argparse.Namespace) -> int:
 
 
 def _fleet_row(r: tuple) -> str:
-    streams, hist, hist_s, _, inc_lines, inc_s, alone_s, plain_s, files, size, verdict = r
+    streams, hist, hist_s, _, inc_lines, inc_s, alone_s, plain_s, files, size, load, verdict = r
     return (
         f"  {streams:>7,}  {hist:>13,}  {hist_s:>9.1f}  {inc_lines:>9,}  "
         f"{inc_s:>11.1f}  {alone_s:>7.1f}  {plain_s:>7.1f}  {inc_s / alone_s:>9.2f}  "
         f"{alone_s / plain_s:>11.2f}  "
-        f"{inc_s / plain_s:>9.2f}  {files:>11,}  {size / 1e6:>8.1f}  {verdict}"
+        f"{inc_s / plain_s:>9.2f}  {files:>11,}  {size / 1e6:>8.1f}  {load:>4.1f}  {verdict}"
     )
 
 
