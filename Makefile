@@ -61,6 +61,7 @@ bench: setup
 	$(PY) bench/peers_restart.py
 	$(PY) bench/outbox_sqlitedict.py
 	$(PY) bench/ingest_writeback.py --processes 10
+	$(PY) bench/pipeline.py --fleet --histories 1e6,1e7,5e7 --streams 100,10000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out .cache tests/firmware/node_modules

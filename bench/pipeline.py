@@ -15,11 +15,21 @@ duplicates, 1% late by up to 90 minutes):
 
 Targets (issue 5, tightened by issue 14): full run <= 1.5x the plain batch job;
 incremental <= 1.5x the empty-warehouse run; ingest >= 30,000 readings/s.
+
+``--fleet`` (issue 27): a fleet's landing files (devkit/fleetsim.py: gateways with
+nine nodes each, so S streams are S/10 gateways' stores and their nodes' boots;
+duplicates, late files, restarts, evictions, ...). For each S in ``--streams``
+and each history size H in ``--histories`` (landing lines), in one run: the
+history landed and run, then the next ``--increment`` lines: the increment on
+top of H (on a copy of the warehouse), the same increment on an empty warehouse,
+and the plain batch job over it. Targets: the increment within 1.2x of itself on
+an empty warehouse whatever H; the pipeline at most 1.3x the plain batch job.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -158,6 +168,131 @@ def ingest_rate(
         broker.kill()
 
 
+def _sizes(text: str) -> list[int]:
+    return [int(float(x)) for x in text.split(",") if x]
+
+
+def _index_size(wh: Path) -> tuple[int, int]:
+    """Files and bytes of the dedup index (whatever its tables are called)."""
+    files = [f for d in wh.glob("seen_*") for f in d.rglob("*.parquet")]
+    return len(files), sum(f.stat().st_size for f in files)
+
+
+def _move(files: list[dict], src: Path, dest: Path, copy_to: Path | None = None) -> int:
+    lines = 0
+    for f in files:
+        target = dest / f["file"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if copy_to is not None:
+            extra = copy_to / f["file"]
+            extra.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src / f["file"], extra)
+        shutil.move(src / f["file"], target)
+        lines += f["lines"]
+    return lines
+
+
+def _take(manifest: list[dict], lines: int) -> tuple[list[dict], list[dict]]:
+    """The first files holding at least ``lines`` lines, and the rest."""
+    n = 0
+    for k, f in enumerate(manifest):
+        if n >= lines:
+            return manifest[:k], manifest[k:]
+        n += f["lines"]
+    return manifest, []
+
+
+def fleet(args: argparse.Namespace) -> int:
+    from devkit.fleetsim import FleetSpec, simulate
+
+    histories, increment = sorted(_sizes(args.histories)), args.increment
+    rows: list[tuple] = []
+    equal_all = True
+    with tempfile.TemporaryDirectory(dir=args.tmp) as d:
+        tmp = Path(d)
+        spark = spark_session(args.master, app="pubcomp-bench-fleet")
+        spark.sparkContext.setLogLevel("ERROR")
+        write_landing(tmp / "warm", 20_000, seed=42)
+        plain_batch(spark, tmp / "warm", tmp / "warm-out")
+        Pipeline(spark, str(tmp / "warm"), str(tmp / "warm-wh")).run()
+        write_landing(tmp / "warm", 2_000, seed=42, id_offset=20_000, name="more")
+        Pipeline(spark, str(tmp / "warm"), str(tmp / "warm-wh")).run()
+        for streams in _sizes(args.streams):
+            gateways = max(1, streams // 10)
+            small = gateways < 100  # a small fleet: a file per ingest per hour, not a minute
+            t0 = time.monotonic()
+            gen = tmp / f"gen-{streams}"
+            spec = FleetSpec(
+                gateways=gateways, nodes=9, readings=int((histories[-1] + increment) * 1.02),
+                seed=streams, roll_minutes=60 if small else 1, restarts=1,
+                replacements=max(1, gateways // 100), outages=max(1, gateways // 100),
+                node_drops=max(2, gateways // 50), unexplained=max(2, gateways // 100),
+                reboots=max(1, gateways // 20),
+            )  # fmt: skip
+            truth = simulate(gen, spec)
+            print(
+                f"S={streams}: simulated {truth['lines']:,} lines, {len(truth['streams']):,} "
+                f"streams, {len(truth['files'])} files in {time.monotonic() - t0:.0f} s",
+                flush=True,
+            )
+            landing, wh = tmp / f"landing-{streams}", tmp / f"wh-{streams}"
+            rest = truth["files"]
+            landed = 0
+            for h in histories:
+                hist, rest = _take(rest, h - landed)
+                landed += _move(hist, gen, landing)
+                t0 = time.monotonic()
+                hs = Pipeline(spark, str(landing), str(wh)).run()
+                hist_s = time.monotonic() - t0
+                inc_files, rest = _take(rest, increment)
+                alone_landing = tmp / "alone-landing"
+                wh_inc = tmp / "wh-inc"
+                shutil.copytree(wh, wh_inc)
+                inc_lines = _move(inc_files, gen, landing, copy_to=alone_landing)
+                landed += inc_lines
+                inc = Pipeline(spark, str(landing), str(wh_inc)).run()
+                idx_files, idx_bytes = _index_size(wh_inc)
+                alone = Pipeline(spark, str(alone_landing), str(tmp / "wh-alone")).run()
+                plain_s = plain_batch(spark, alone_landing, tmp / "plain-out")
+                verdict = "not checked"
+                if h <= args.check_upto:
+                    con = ref.build(landing)
+                    same = ref.compare(con, wh_inc)
+                    equal = all(a == b == 0 for _, a, b in same.values())
+                    equal_all &= equal
+                    verdict = "equal" if equal else f"DIFFERENT {same}"
+                    con.close()
+                rows.append(
+                    (streams, landed - inc_lines, hist_s, hs.seconds, inc_lines, inc.seconds,
+                     alone.seconds, plain_s, idx_files, idx_bytes, os.getloadavg()[0], verdict)
+                )  # fmt: skip
+                print(_fleet_row(rows[-1]), flush=True)
+                for p in (wh_inc, alone_landing, tmp / "wh-alone", tmp / "plain-out"):
+                    shutil.rmtree(p, ignore_errors=True)
+            shutil.rmtree(landing, ignore_errors=True)
+            shutil.rmtree(wh, ignore_errors=True)
+            shutil.rmtree(gen, ignore_errors=True)
+        spark.stop()
+    print(f"fleet mode, increment {increment:,} lines, {args.master}")
+    print(
+        "  streams  history-lines  history-s  inc-lines  increment-s  alone-s  plain-s  "
+        "inc/alone  alone/plain  inc/plain  index-files  index-MB  load  tables"
+    )
+    for r in rows:
+        print(_fleet_row(r))
+    return 0 if equal_all else 1
+
+
+def _fleet_row(r: tuple) -> str:
+    streams, hist, hist_s, _, inc_lines, inc_s, alone_s, plain_s, files, size, load, verdict = r
+    return (
+        f"  {streams:>7,}  {hist:>13,}  {hist_s:>9.1f}  {inc_lines:>9,}  "
+        f"{inc_s:>11.1f}  {alone_s:>7.1f}  {plain_s:>7.1f}  {inc_s / alone_s:>9.2f}  "
+        f"{alone_s / plain_s:>11.2f}  "
+        f"{inc_s / plain_s:>9.2f}  {files:>11,}  {size / 1e6:>8.1f}  {load:>4.1f}  {verdict}"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--readings", type=int, default=10_000_000)
@@ -166,7 +301,15 @@ def main() -> int:
     ap.add_argument("--per-gateway", type=int, default=50_000)
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--ingest-only", action="store_true", help="measure the ingest only")
+    ap.add_argument("--fleet", action="store_true", help="the fleet mode (issue 27)")
+    ap.add_argument("--histories", default="1e6,1e7,5e7", help="fleet: history sizes, lines")
+    ap.add_argument("--streams", default="100,10000", help="fleet: active streams")
+    ap.add_argument("--check-upto", type=float, default=1e7, help="fleet: DuckDB check up to H")
+    ap.add_argument("--tmp", default=None, help="fleet: where the landing and warehouses go")
     args = ap.parse_args()
+    if args.fleet:
+        args.increment = args.incremental
+        return fleet(args)
     if args.ingest_only:
         with tempfile.TemporaryDirectory() as d:
             rates = _ingest_rates(Path(d), args)

@@ -7,7 +7,7 @@ against these, row for row and column for column, both directions (EXCEPT ALL).
 The dedup here is the rule stated once over all the landing files, with no
 notion of batches or runs: per id, the copy received first (then the smallest
 gateway name) is the reading, whatever its ``ts``. Spark reaches the same
-table one batch at a time through its seen-id index; any difference in how
+table one batch at a time through its seen index; any difference in how
 the files were split into runs must not show.
 
 ``quarantine`` is built from the raw lines (read as text, so a line that is not
@@ -228,3 +228,121 @@ def quality(con: duckdb.DuckDBPyConnection, late_after_s: int) -> dict[tuple[str
         """
     ).fetchall()
     return {(o, s): tuple(rest) for o, s, *rest in rows}
+
+
+# ------------------------------------------------------------ the seen index (issue 27)
+
+POS_SCALE = 1000  # pipeline/seenindex.py: position = seq * 1000 + i
+MAX_SEQ = 2**53 - 1
+KEPT_POSITIONS = rf"""
+    CREATE OR REPLACE TABLE kept_positions AS
+    WITH p AS (
+        SELECT id, split_part(id, '/', 1) AS origin, split_part(id, '/', 2) AS epoch,
+               split_part(id, '/', 3) AS tail,
+               length(id) - length(replace(id, '/', '')) AS slashes
+        FROM readings
+    ), q AS (
+        SELECT *, length(tail) - length(replace(tail, '.', '')) AS dots,
+               split_part(tail, '.', 1) AS seq_s,
+               CASE WHEN contains(tail, '.') THEN split_part(tail, '.', 2) ELSE '0' END AS i_s
+        FROM p
+    )
+    SELECT id, origin, epoch, dots = 1 AS dotted,
+           seq_s::BIGINT * {POS_SCALE} + i_s::BIGINT AS pos
+    FROM q
+    WHERE slashes = 2 AND origin <> '' AND epoch <> '' AND dots <= 1
+      AND regexp_full_match(seq_s, '0|[1-9][0-9]{{0,15}}')
+      AND seq_s::HUGEINT <= {MAX_SEQ}
+      AND regexp_full_match(i_s, '0|[1-9][0-9]{{0,2}}')
+"""
+# A stream's kept positions as runs, by the rule in pipeline/seenindex.py's docstring:
+# pieces (contiguous indexes of one message), chained over consecutive messages.
+KEPT_RANGES = f"""
+    CREATE OR REPLACE TABLE kept_ranges AS
+    WITH pos AS (
+        SELECT origin, epoch, dotted, pos // {POS_SCALE} AS s, pos % {POS_SCALE} AS i
+        FROM kept_positions
+    ), pieces AS (
+        SELECT origin, epoch, dotted, s, min(i) AS a, max(i) AS b
+        FROM (SELECT *, i - row_number() OVER (PARTITION BY origin, epoch, dotted, s ORDER BY i)
+                     AS g FROM pos)
+        GROUP BY origin, epoch, dotted, s, g
+    ), fit AS (
+        SELECT *, coalesce(s = lag(s) OVER w + 1 AND a = 0 AND b <= lag(b) OVER w, false) AS fits
+        FROM pieces WINDOW w AS (PARTITION BY origin, epoch, dotted ORDER BY s, a)
+    ), st AS (
+        SELECT *, NOT fits OR (coalesce(lag(fits) OVER w, false)
+                               AND lag(b) OVER w <> lag(b, 2) OVER w) AS start
+        FROM fit WINDOW w AS (PARTITION BY origin, epoch, dotted ORDER BY s, a)
+    ), runs AS (
+        SELECT *, sum(CASE WHEN start THEN 1 ELSE 0 END) OVER (
+                      PARTITION BY origin, epoch, dotted ORDER BY s, a
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS run
+        FROM st
+    )
+    SELECT origin, epoch, dotted, min(s * {POS_SCALE} + a) AS lo, max(s * {POS_SCALE} + b) AS hi,
+           (CASE WHEN count(*) = 1 THEN max(b) ELSE arg_min(b, s) END + 1)::INTEGER AS width,
+           sum(b - a + 1)::BIGINT AS n
+    FROM runs GROUP BY origin, epoch, dotted, run
+"""
+
+
+def build_index(con: duckdb.DuckDBPyConnection) -> None:
+    """``kept_positions`` (each kept id that is a stream position) and ``kept_ranges`` (the
+    same as runs), from ``readings``: what the seen index must claim."""
+    con.execute(KEPT_POSITIONS)
+    con.execute(KEPT_RANGES)
+
+
+def compare_index(con: duckdb.DuckDBPyConnection, warehouse: Path) -> dict[str, int]:
+    """Spark's seen index against what DuckDB kept (``build_index`` first). Every count
+    is 0 when the index is right:
+
+    - ``claimed_not_kept``: positions an exact run claims that are not kept, or that two
+      runs claim (EXCEPT ALL);
+    - ``kept_not_claimed``: kept positions no run covers (an exact one, or an envelope's span);
+    - ``streams_miscounted``: streams whose runs' ``n`` do not add up to their kept positions;
+    - ``odd_not_excepted``: kept ids that are no stream position and have no exception row.
+    """
+    ranges = f"{warehouse}/seen_ranges/**/*.parquet"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW spark_ranges AS {_read(ranges)}")
+    exact = f"""
+        SELECT origin, epoch, dotted, pos FROM (
+            SELECT r.origin, r.epoch, r.dotted, s * {POS_SCALE} + i AS pos, r.lo, r.hi
+            FROM spark_ranges r,
+                 generate_series(r.lo // {POS_SCALE}, r.hi // {POS_SCALE}) AS g(s),
+                 generate_series(0, r.width - 1) AS h(i)
+            WHERE r.exact)
+        WHERE pos BETWEEN lo AND hi
+    """
+    kept = "SELECT origin, epoch, dotted, pos FROM kept_positions"
+    out = {
+        "claimed_not_kept": _count(con, f"{exact} EXCEPT ALL {kept}"),
+        "kept_not_claimed": _count(
+            con,
+            f"""SELECT * FROM kept_positions k WHERE NOT EXISTS (
+                    SELECT 1 FROM spark_ranges r
+                    WHERE (r.origin, r.epoch, r.dotted) = (k.origin, k.epoch, k.dotted)
+                      AND k.pos BETWEEN r.lo AND r.hi AND k.pos % {POS_SCALE} < r.width)""",
+        ),
+        "streams_miscounted": _count(
+            con,
+            """SELECT origin, epoch, dotted, count(*) FROM kept_positions GROUP BY ALL
+                EXCEPT SELECT origin, epoch, dotted, sum(n) FROM spark_ranges GROUP BY ALL""",
+        ),
+    }
+    odd = "SELECT id FROM readings EXCEPT SELECT id FROM kept_positions"
+    exceptions = f"{warehouse}/seen_exceptions/**/*.parquet"
+    if list((warehouse / "seen_exceptions").glob("*/*/*.parquet")):
+        odd += f" EXCEPT SELECT id FROM ({_read(exceptions)})"
+    out["odd_not_excepted"] = _count(con, odd)
+    return out
+
+
+def _read(glob: str) -> str:
+    return f"SELECT * FROM read_parquet('{glob}', hive_partitioning = true)"
+
+
+def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    row = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()
+    return int(row[0]) if row else 0

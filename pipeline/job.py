@@ -6,15 +6,15 @@ tracks which landing files are new; each run is one job. In
 write:
 
 - ``readings`` (Parquet, by date/hour/batch): one row per id over all of
-  history. The batch's first copy of each id is checked against ``seen_ids``
-  (the index of ids kept so far, bucketed by the id's origin/epoch): a copy
+  history. The batch's first copy of each id is checked against the seen index
+  (per stream, the ranges of ids kept so far: pipeline/seenindex.py): a copy
   received after the kept one is dropped; one received before it displaces it
   (its partition is rewritten without it). The batch's own rows go to
   ``batch=batch_id``, so a replayed batch (a run killed after writing, before
   the checkpoint committed) rewrites only itself and what it displaced;
-- ``seen_ids`` (by bucket/gen): a generation per batch of each bucket it kept
-  copies in, holding its own rows; a bucket with ``seen_max_generations`` is
-  compacted into one when next touched;
+- ``seen_ranges`` and ``seen_exceptions`` (by bucket/gen; pipeline/seenstore.py):
+  a generation per batch of each bucket it kept anything in, holding its own
+  rows; a bucket with ``seen_max_generations`` is compacted when next touched;
 - ``rollup_1m`` recomputed from ``readings`` for the hours the batch changed
   (its kept copies' and its displaced copies'); ``rollup_1h`` of those dates
   from those minutes and the dates' other hours in ``rollup_1h``; ``rollup_1d``
@@ -43,13 +43,14 @@ from pyspark.sql import functions as F
 from pubcomp.sync import faults
 from pubcomp.sync.faults import crash_point
 
-from . import transforms
+from . import seenindex, transforms
 from .health import update as update_health
+from .seenstore import EXCEPTIONS, RANGES, SeenStore
 from .sparkenv import hadoop_path, path_exists, spark_session
 
 log = logging.getLogger(__name__)
 
-# Crash points (sync/faults.py) of a batch: pipeline_seen_written (its seen-id index
+# Crash points (sync/faults.py) of a batch: pipeline_seen_written (its seen index
 # written, its readings not yet), pipeline_readings_written (its readings written, its
 # rollups and checkpoint not yet), pipeline_displaced_removed (the copies it displaced
 # removed from earlier partitions, rollups not yet).
@@ -86,7 +87,7 @@ class RunSummary:
 
 
 class Pipeline:
-    # A bucket of the seen-id index gets a generation (a file) per batch that keeps
+    # A bucket of the seen index gets a generation (a file) per batch that keeps
     # copies in it; one that has this many is rewritten whole when next touched.
     seen_max_generations = 8
 
@@ -95,6 +96,7 @@ class Pipeline:
         self.landing = landing
         self.wh = warehouse.rstrip("/")
         self.summary = RunSummary()
+        self.seen = SeenStore(spark, self.wh)
 
     def path(self, table: str) -> str:
         return f"{self.wh}/{table}"
@@ -103,6 +105,7 @@ class Pipeline:
 
     def run(self) -> RunSummary:
         t0 = time.monotonic()
+        self.seen.migrate()  # a warehouse written before the ranges (issue 27), once
         stream = (
             self.spark.readStream.schema(transforms.LANDING_SCHEMA)
             .option("columnNameOfCorruptRecord", transforms.CORRUPT)
@@ -126,12 +129,13 @@ class Pipeline:
         # One cache: the lines parsed once (every later step reads this, not the JSON).
         parsed = transforms.parse_landing(lines).withColumn("_file", F.input_file_name()).persist()
         try:
-            good_bucket = F.when(F.col("reason").isNull(), transforms.id_bucket(F.col("id")))
+            good = F.col("reason").isNull()
             counts = parsed.agg(
                 F.count(F.lit(1)),
                 F.countDistinct("_file"),
-                F.count_if(F.col("reason").isNull()),
-                F.collect_set(good_bucket),
+                F.count_if(good),
+                F.collect_set(F.when(good, transforms.id_bucket(F.col("id")))),
+                F.collect_set(F.when(good, seenindex.range_bucket(F.col("id")))),
             ).first()
             if counts is None or not counts[0]:  # (a global aggregate always has one row)
                 return
@@ -145,36 +149,44 @@ class Pipeline:
             if n_lines > n_good or not self._exists("quarantine"):
                 bad = transforms.quarantined(parsed, batch_id)
                 bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
-            buckets = sorted(int(b) for b in counts[3])
+            buckets = (sorted(int(b) for b in counts[3]), sorted(int(b) for b in counts[4]))
             self._readings(transforms.valid_readings(parsed, batch_id), n_good, buckets, batch_id)
         finally:
             parsed.unpersist()
 
-    def _readings(self, good: DataFrame, n_good: int, buckets: list[int], batch_id: int) -> None:
+    def _readings(
+        self, good: DataFrame, n_good: int, buckets: tuple[list[int], list[int]], batch_id: int
+    ) -> None:
         s = self.summary
         s.readings_in += n_good
+        id_buckets, stream_buckets = buckets
         candidates = transforms.first_copy_per_id(good)
-        index = self._seen_generations()
-        prior = self._seen(index, buckets, batch_id)
-        compact = self._to_compact(index, buckets, batch_id)
+        store, limit = self.seen, self.seen_max_generations
+        index = {EXCEPTIONS: store.generations(EXCEPTIONS), RANGES: store.generations(RANGES)}
+        exceptions = store.read(EXCEPTIONS, index[EXCEPTIONS], id_buckets, batch_id)
+        runs = store.read(RANGES, index[RANGES], stream_buckets, batch_id)
+        compact = {
+            EXCEPTIONS: store.to_compact(index[EXCEPTIONS], id_buckets, batch_id, limit),
+            RANGES: store.to_compact(index[RANGES], stream_buckets, batch_id, limit),
+        }
+        decided: DataFrame | None = None
         displaced: DataFrame | None = None
-        if prior is None:
-            new = candidates.persist()
-            kept = new
-        else:
-            # Checkpointed, not cached: writing seen_ids (read by this plan) would drop
+        new = candidates.persist()
+        if exceptions is not None or runs is not None:
+            # Checkpointed, not cached: writing the index (read by this plan) would drop
             # a cache, and every later step would read the index and join again.
-            kept = transforms.against_seen(candidates, prior).localCheckpoint(eager=False)
-            new = transforms.winners(kept)
-            displaced = transforms.displaced(kept)
+            decided = self._decide(new, exceptions, runs, batch_id).localCheckpoint(eager=False)
+            new = transforms.winners(decided)
+            displaced = transforms.displaced(decided)
         try:
             # One pass for what the batch keeps and where: its hours, and the
             # (date, hour, batch) partitions of the copies it displaces.
-            n_new, n_displaced = 0, 0
+            n_new, n_displaced, n_odd = 0, 0, 0
             hours: set[tuple[str, int]] = set()
             moved: set[tuple[str, int, int]] = set()
-            for r in _placement(kept if prior is not None else new, prior is not None):
+            for r in _placement(decided if decided is not None else new, decided is not None):
                 n_new += r["n"]
+                n_odd += r["odd"] if r["kept_date"] is None else 0
                 hours.add((r["date"], r["hour"]))
                 if r["kept_date"] is not None:
                     n_displaced += r["n"]
@@ -185,8 +197,13 @@ class Pipeline:
             # A displaced copy is a duplicate removed too: the id's count stays one.
             s.duplicates_removed += n_good - n_new + n_displaced
             # 1. The index first: a replay of this batch reads the index without its own rows.
-            if n_new or compact:
-                self._write_seen(prior, new, compact, index, batch_id)
+            # What it writes: runs of the positions it kept first, exception rows of the
+            # ids that are none and of the copies it displaced, and what it compacts.
+            writes = {
+                RANGES: n_new - n_displaced - n_odd > 0 or bool(compact[RANGES]),
+                EXCEPTIONS: n_odd + n_displaced > 0 or bool(compact[EXCEPTIONS]),
+            }
+            self._write_index(decided, new, exceptions, index, compact, writes, batch_id)
             crash_point("pipeline_seen_written")
             # 2. This batch's readings, and its quality row (displaced copies taken off).
             # One file per hour (a task per hour), not one per hour and task: on this
@@ -204,10 +221,157 @@ class Pipeline:
                 self._remove_displaced(displaced, sorted(moved))
             crash_point("pipeline_displaced_removed")
             self._rollups(sorted(hours), new, batch_id, emptied=bool(moved))
-            self._drop_compacted(index, compact, batch_id)
+            for table in (EXCEPTIONS, RANGES):
+                self._drop_compacted(table, index[table], compact[table], batch_id)
         finally:
-            if prior is None:
-                new.unpersist()
+            candidates.unpersist()
+
+    # ------------------------------------------------------------ the seen index
+
+    def _decide(
+        self,
+        candidates: DataFrame,
+        exceptions: DataFrame | None,
+        runs: DataFrame | None,
+        batch_id: int,
+    ) -> DataFrame:
+        """The batch's first copies against the index: ``transforms.against_index``, with the
+        kept copy of every id a range claims and this copy may beat read from ``readings``."""
+        claimed: DataFrame | None = None
+        rows = exceptions
+        if runs is not None:
+            positions = candidates.select("id", *seenindex.stream_position(F.col("id")))
+            claimed = _small(seenindex.claims(positions, runs).localCheckpoint(eager=True))
+            found = self._kept_copies(candidates, claimed, exceptions, batch_id)
+            if found is not None:
+                rows = found if rows is None else rows.unionByName(found)
+        kept = transforms.kept_per_id(candidates, rows) if rows is not None else None
+        if kept is not None:
+            kept = _small(kept.localCheckpoint(eager=True))
+        return transforms.against_index(candidates, kept, claimed)
+
+    def _kept_copies(
+        self,
+        candidates: DataFrame,
+        claimed: DataFrame,
+        exceptions: DataFrame | None,
+        batch_id: int,
+    ) -> DataFrame | None:
+        """The kept copies (as exception rows) of the claimed ids whose candidate may win:
+        ordered before the exact runs' bound, or claimed by an envelope only. Read from
+        ``readings``: first in the candidate's own hour, then, for those not found there,
+        in the claiming runs' dates and batches (the ranges' bounds: nothing else of
+        ``readings`` is read). Copies of a reading share its ``ts`` unless it was stamped
+        by a gateway or its clock corrected (``transforms.ts_may_differ``), so a candidate
+        only an envelope claims and not found in its own hour was never kept, unless it
+        carries one of those flags; one an exact run claims must be found."""
+        mine = seenindex.last_copy(F.col("received"), F.col("gateway"))
+        maybe = candidates.join(claimed, on="id").where(
+            F.col("bound").isNull() | (mine < F.col("bound"))
+        )
+        if exceptions is not None:  # an exception says exactly
+            maybe = maybe.join(exceptions.select("id"), on="id", how="left_anti")
+        maybe = maybe.select(
+            "id",
+            "date",
+            "hour",
+            F.col("bound").isNotNull().alias("must"),  # an exact run claims it: it is there
+            transforms.ts_may_differ().alias("moved"),
+            "look_date_lo",
+            "look_date_hi",
+            "look_batch_lo",
+            "look_batch_hi",
+        ).localCheckpoint(eager=True)
+        spec = maybe.agg(
+            F.count(F.lit(1)),
+            F.collect_set(F.struct("date", "hour")),
+            F.min("look_batch_lo"),
+            F.max("look_batch_hi"),
+            F.min("look_date_lo"),
+            F.max("look_date_hi"),
+        ).first()
+        if spec is None or not spec[0]:
+            return None
+        n, own, b_lo, b_hi, d_lo, d_hi = spec
+        readings = self.spark.read.schema(transforms.READINGS_SCHEMA).parquet(self.path("readings"))
+        earlier = F.col("batch").between(b_lo, b_hi) & (F.col("batch") != batch_id)
+        hours = [(r["date"], r["hour"]) for r in own]
+        ids = maybe.select("id")
+        ids = F.broadcast(ids) if n < SMALL else ids
+        found = transforms.seen_rows(
+            readings.where(earlier & transforms.in_hours(F.col("date"), F.col("hour"), hours)).join(
+                ids, on="id", how="left_semi"
+            )
+        ).localCheckpoint(eager=True)
+        got = found.count()
+        if got < n:  # not in its own hour: a clockless node's copy, or never kept
+            rest = maybe.where(F.col("must") | F.col("moved"))
+            rest = rest.join(found.select("id"), on="id", how="left_anti").select("id")
+            rest = rest.localCheckpoint(eager=True)
+            if rest.count():  # else no date range is read at all
+                more = transforms.seen_rows(
+                    readings.where(earlier & F.col("date").between(d_lo, d_hi)).join(
+                        F.broadcast(rest), on="id", how="left_semi"
+                    )
+                ).localCheckpoint(eager=True)
+                found = found.unionByName(more)
+                got += more.count()
+        if got < n:
+            lost = [
+                r.id
+                for r in maybe.where(F.col("must"))
+                .join(found, on="id", how="left_anti")
+                .limit(5)
+                .collect()
+            ]
+            if lost:
+                raise RuntimeError(
+                    f"seen index: ids a run of seen_ranges claims have no copy in readings "
+                    f"(e.g. {lost}); the index does not match the warehouse"
+                )
+        return found
+
+    def _write_index(
+        self,
+        decided: DataFrame | None,
+        new: DataFrame,
+        exceptions: DataFrame | None,
+        index: dict[str, dict[int, list[int]]],
+        compact: dict[str, list[int]],
+        writes: dict[str, bool],
+        batch_id: int,
+    ) -> None:
+        """Generation ``batch_id`` of the buckets the batch kept anything in (and of those
+        it compacts): the runs of the positions it kept first, and the exception rows of
+        the ids that are no position and of the ids it displaced (their new kept copy,
+        and the displaced one, which a replay must still see)."""
+        kept = decided.where(F.col("wins")) if decided is not None else None
+        fresh = kept.where(F.col("kept").isNull()) if kept is not None else new
+        with_pos = fresh.select(
+            "received", "gateway", "ts", "date", "batch", *seenindex.stream_position(F.col("id"))
+        )
+        runs = seenindex.bounded(
+            seenindex.build_runs(
+                seenindex.position_segments(with_pos.where(F.col("pos").isNotNull()))
+            )
+        )
+        pos = seenindex.stream_position(F.col("id"))[3]
+        odd = fresh.where(pos.isNull()).drop("kept", "wins")
+        rows = transforms.seen_rows(odd)
+        if kept is not None:
+            moved = kept.where(F.col("kept").isNotNull())
+            rows = rows.unionByName(transforms.seen_rows(moved.drop("kept", "wins")))
+            rows = rows.unionByName(moved.select("id", "kept.*"))
+        store = self.seen
+        for table, mine, prior in ((EXCEPTIONS, rows, exceptions), (RANGES, runs, None)):
+            if not writes[table]:
+                continue
+            old = store.compacted(table, prior, index[table], compact[table], batch_id)
+            out = mine if old is None else old.unionByName(mine)
+            if table == EXCEPTIONS:  # a displaced row the batch wrote again: (id, batch) names it
+                out = out.dropDuplicates(["id", "batch"])
+            replay = any(batch_id in index[table][b] for b in compact[table])
+            store.write(table, out, batch_id, replay)
 
     def _rollups(
         self, hours: list[tuple[str, int]], new: DataFrame, batch_id: int, emptied: bool
@@ -266,96 +430,11 @@ class Pipeline:
         s.partitions_rewritten["rollup_1h"] += len(dates)
         s.partitions_rewritten["rollup_1d"] += len(dates)
 
-    # ------------------------------------------------------------ seen-id index
-
-    def _seen_generations(self) -> dict[int, list[int]]:
-        """Bucket -> its generations on disk (the batches that wrote them), oldest first."""
-        fs, pattern = hadoop_path(self.spark, self.path("seen_ids") + "/bucket=*/gen=*")
-        found = fs.globStatus(pattern) or []
-        gens: dict[int, list[int]] = {}
-        for st in found:
-            if st.isDirectory():
-                p = st.getPath()
-                gen = int(p.getName().removeprefix("gen="))
-                gens.setdefault(int(p.getParent().getName().removeprefix("bucket=")), []).append(
-                    gen
-                )
-        return {b: sorted(g) for b, g in gens.items()}
-
-    def _seen(
-        self, index: dict[int, list[int]], buckets: list[int], batch_id: int
-    ) -> DataFrame | None:
-        """The index of the buckets the batch's ids fall in: every generation of each."""
-        root = self.path("seen_ids")
-        paths = [f"{root}/bucket={b}" for b in buckets if b in index]
-        if not paths:
-            return None
-        seen = (
-            self.spark.read.schema(transforms.SEEN_SCHEMA).option("basePath", root).parquet(*paths)
-        )
-        # Without this batch's own rows: a replay decides as its first attempt did.
-        return seen.where(F.col("batch") != batch_id).select(*transforms.SEEN_COLUMNS)
-
-    def _to_compact(
-        self, index: dict[int, list[int]], buckets: list[int], batch_id: int
-    ) -> list[int]:
-        """The batch's buckets it rewrites whole: those with ``seen_max_generations`` already,
-        and on a replay those it wrote before it was killed (a whole bucket is never
-        overwritten with the batch's rows alone: the older generations may be gone)."""
-        limit = self.seen_max_generations
-        return [
-            b for b in buckets if b in index and (len(index[b]) >= limit or batch_id in index[b])
-        ]
-
-    def _write_seen(
-        self,
-        prior: DataFrame | None,
-        new: DataFrame,
-        compact: list[int],
-        index: dict[int, list[int]],
-        batch_id: int,
-    ) -> None:
-        """Generation ``batch_id`` of each bucket the batch kept copies in: its own rows, and
-        for a bucket it compacts every older generation's rows as well.
-
-        Written whole before anything else, and an older generation is deleted only at
-        the end of the batch, once the compacted one holds its rows. Displaced rows
-        stay (the earliest copy per id is the kept one): a replay must see what the
-        first attempt saw.
-        """
-        rows = transforms.seen_rows(new, batch_id)
-        replay = any(batch_id in index[b] for b in compact)
-        if prior is not None and compact:
-            old = prior.where(F.col("bucket").isin(compact))
-            if replay:
-                # A compacted generation and the ones it replaced may both be there, so
-                # a row may be read twice. An id is kept once per batch.
-                old = old.dropDuplicates(["id", "batch"])
-            rows = old.unionByName(rows)
-        write = (
-            rows.withColumn("gen", F.lit(batch_id).cast("long"))
-            .repartition("bucket")
-            .write.partitionBy("bucket", "gen")
-        )
-        if replay:  # generation batch_id is there: replaced, partition by partition
-            write.mode("overwrite").parquet(self.path("seen_ids"))
-            return
-        # No generation batch_id anywhere yet, so nothing to replace: appended, which
-        # spares the dynamic overwrite's staging and a rename per bucket in the driver
-        # (4 to 10 s of a first batch's 256 buckets here). What a killed append left
-        # half-committed is a generation batch_id: its replay takes the branch above.
-        # What it left uncommitted under _temporary must not join this job's output.
-        self._delete(f"{self.path('seen_ids')}/_temporary")
-        write.mode("append").parquet(self.path("seen_ids"))
-
     def _drop_compacted(
-        self, index: dict[int, list[int]], compact: list[int], batch_id: int
+        self, table: str, index: dict[int, list[int]], compact: list[int], batch_id: int
     ) -> None:
         """Delete the generations the batch compacted (at the end: nothing reads them now)."""
-        for b in compact:
-            for g in index[b]:
-                if g != batch_id:
-                    self._delete(f"{self.path('seen_ids')}/bucket={b}/gen={g}")
+        self.seen.drop(table, index, compact, batch_id)
 
     def _remove_displaced(self, displaced: DataFrame, where: list[tuple[str, int, int]]) -> None:
         """Rewrite each (date, hour, batch) partition that holds a displaced copy without it."""
@@ -417,13 +496,23 @@ class Pipeline:
         (runs / f"run-{stamp}.json").write_text(data + "\n")
 
 
+SMALL = 2_000_000  # rows a join hint broadcasts (a checkpoint's size is not known to Spark)
+
+
+def _small(df: DataFrame) -> DataFrame:
+    """``df`` (checkpointed: counting it is cheap) hinted for a broadcast join if it is small."""
+    return F.broadcast(df) if df.count() < SMALL else df
+
+
 def _placement(df: DataFrame, decided: bool) -> list[Any]:
-    """Rows kept per (date, hour), and per partition of the copy each displaces (if any)."""
+    """Rows kept per (date, hour), and per partition of the copy each displaces (if any);
+    ``odd``: how many of them are no stream position (their index rows are exceptions)."""
+    odd = F.count_if(seenindex.stream_position(F.col("id"))[3].isNull()).alias("odd")
     if not decided:
         none = F.lit(None)
         return (
             df.groupBy("date", "hour")
-            .agg(F.count(F.lit(1)).alias("n"))
+            .agg(F.count(F.lit(1)).alias("n"), odd)
             .select("*", none.alias("kept_date"), none.alias("kept_hour"), none.alias("kept_batch"))
             .collect()
         )
@@ -436,7 +525,7 @@ def _placement(df: DataFrame, decided: bool) -> list[Any]:
             F.col("kept.hour").alias("kept_hour"),
             F.col("kept.batch").alias("kept_batch"),
         )
-        .agg(F.count(F.lit(1)).alias("n"))
+        .agg(F.count(F.lit(1)).alias("n"), odd)
         .collect()
     )
 

@@ -12,10 +12,10 @@ Rules, all of them here:
 - duplicates are the same ``id``, whatever their ``ts``, across all of history;
   the copy the ingest received first wins (then the smallest gateway name, so
   the choice is total and reruns agree). A batch's first copies are checked
-  against the seen-id index of earlier batches (``against_seen``): a copy that
-  was received after the kept one is dropped and touches nothing; one received
-  before it replaces it (the kept copy is ``displaced``: its hour is rewritten
-  without it and its rollups recomputed);
+  against the seen index of earlier batches (``against_index``;
+  pipeline/seenindex.py): a copy that was received after the kept one is dropped
+  and touches nothing; one received before it replaces it (the kept copy is
+  ``displaced``: its hour is rewritten without it and its rollups recomputed);
 - rollups count, min, max, sum and mean the non-null values; ``sum`` is
   DECIMAL(38,3) of the values rounded to 3 decimals, so re-aggregating minutes
   into hours and hours into days is exact and reruns are bit-identical;
@@ -116,12 +116,12 @@ QUARANTINE_SCHEMA = StructType(
     ]
 )
 
-# The seen-id index: one row per copy a batch kept, in the bucket of its id's
-# ``{origin}/{epoch}`` prefix (256 buckets: docs/pipeline.md), in generations
-# (``gen``: the batch that wrote it, a file each): a batch's own rows, or after a
-# compaction all of the bucket's up to that batch. ``late`` and ``clock``
-# let a later batch that displaces the copy correct the quality counts without
-# reading ``readings``.
+# The seen index's exceptions (``seen_exceptions``; before issue 27 the whole index,
+# ``seen_ids``): a row per kept copy of an id that is no stream position, and per kept
+# and displaced copy of an id whose first kept copy was displaced, in the bucket of
+# its id's ``{origin}/{epoch}`` prefix (256 buckets), in generations (``gen``: the batch
+# that wrote it). ``late`` and ``clock`` let a later batch that displaces the copy
+# correct the quality counts without reading ``readings``.
 SEEN_BUCKETS = 256
 SEEN_SCHEMA = StructType(
     [
@@ -140,6 +140,7 @@ SEEN_SCHEMA = StructType(
     ]
 )
 SEEN_COLUMNS = [f.name for f in SEEN_SCHEMA.fields[:-1]]  # gen is the writer's batch
+_KEPT_TYPE = StructType([f for f in SEEN_SCHEMA.fields[1:-1]])
 
 QUALITY_SCHEMA = StructType(
     [
@@ -255,7 +256,7 @@ def first_copy_per_id(readings: DataFrame) -> DataFrame:
 
 
 def id_bucket(id_col: Column) -> Column:
-    """The seen-id bucket of an id: a hash of its ``{origin}/{epoch}`` prefix.
+    """The exceptions' bucket of an id: a hash of its ``{origin}/{epoch}`` prefix.
 
     Ids are ``{origin}/{epoch}/{seq}`` (``{node}/{boot}/{seq}.{i}`` from nodes; an
     origin never holds a ``/``, it is an MQTT topic level), so one origin's epoch
@@ -272,6 +273,18 @@ def _delay_s() -> Column:
     return (F.unix_micros("received") - F.unix_micros("ts")) / F.lit(1e6)
 
 
+def ts_may_differ() -> Column:
+    """A copy whose ``ts`` another copy of the same reading may not share: stamped by a
+    gateway on arrival (a node without a clock) or taken on a clock since corrected."""
+    return F.coalesce(
+        F.arrays_overlap(
+            F.coalesce("flags", F.array().cast("array<string>")),
+            F.array(*[F.lit(f) for f in (*CLOCK_FLAGS, "ts_from_gateway")]),
+        ),
+        F.lit(False),
+    )
+
+
 def _clock_flagged() -> Column:
     return F.arrays_overlap(
         F.coalesce("flags", F.array().cast("array<string>")),
@@ -279,8 +292,9 @@ def _clock_flagged() -> Column:
     )
 
 
-def seen_rows(kept: DataFrame, batch: int) -> DataFrame:
-    """The index rows of the copies a batch kept (``SEEN_SCHEMA`` without ``gen``)."""
+def seen_rows(kept: DataFrame) -> DataFrame:
+    """Exception rows (``SEEN_SCHEMA`` without ``gen``) of ``readings`` rows: the copies a
+    batch kept, or kept copies read back from ``readings``."""
     return kept.select(
         "id",
         "received",
@@ -291,33 +305,58 @@ def seen_rows(kept: DataFrame, batch: int) -> DataFrame:
         F.coalesce(_clock_flagged(), F.lit(False)).alias("clock"),
         "date",
         "hour",
-        F.lit(batch).cast(LongType()).alias("batch"),
+        F.col("batch").cast(LongType()).alias("batch"),
         id_bucket(F.col("id")).alias("bucket"),
     )
 
 
-def against_seen(candidates: DataFrame, seen: DataFrame) -> DataFrame:
-    """A batch's first copies against the index of earlier batches.
-
-    Each candidate with ``kept`` (the index row of the copy kept so far, null for
-    an id never seen) and ``wins``: never seen, or received before the kept copy.
-    A candidate that does not win never reaches ``readings`` or a rollup.
-    """
+def kept_per_id(candidates: DataFrame, rows: DataFrame) -> DataFrame:
+    """Per candidate id, the kept copy among index rows (``SEEN_COLUMNS``: exceptions, or
+    copies read back from ``readings``): the earliest received (``kept``, a struct)."""
     order = copy_order(F.col("received"), F.col("gateway"))
-    hit = seen.join(candidates.select("id"), on="id", how="left_semi")
-    kept = hit.groupBy("id").agg(
+    hit = rows.join(candidates.select("id"), on="id", how="left_semi")
+    return hit.groupBy("id").agg(
         F.min_by(F.struct(*[c for c in SEEN_COLUMNS if c != "id"]), order).alias("kept")
     )
+
+
+def against_index(
+    candidates: DataFrame, kept: DataFrame | None, claimed: DataFrame | None
+) -> DataFrame:
+    """A batch's first copies against what earlier batches kept.
+
+    ``kept`` (``kept_per_id``): the kept copy of each id the index knows one of exactly
+    (an exception, or read back from ``readings``); ``claimed``: the ids a range of
+    ``seen_ranges`` claims (``seenindex.claims``), with ``bound``, an upper bound of the
+    kept copy's order when an exact run claims it. Each candidate gets ``kept`` (null
+    when not known exactly) and ``wins``: never kept, or received before the kept copy.
+    An id an exact run claims without an exact kept copy is one whose order is at or
+    after ``bound``: it loses (the job reads back every other's). One only an envelope
+    claims, with no kept copy found, was never kept. A candidate that does not win
+    never reaches ``readings`` or a rollup.
+    """
+    out = candidates
+    if kept is not None:
+        out = out.join(kept, on="id", how="left")
+    else:
+        out = out.withColumn("kept", F.lit(None).cast(_KEPT_TYPE))
+    if claimed is not None:
+        out = out.join(claimed.select("id", F.col("bound").alias("_claimed")), on="id", how="left")
+    else:
+        out = out.withColumn("_claimed", F.lit(None).cast(BooleanType()))  # no exact claim
     beats = copy_order(F.col("received"), F.col("gateway")) < copy_order(
         F.col("kept.received"), F.col("kept.gateway")
     )
-    return candidates.join(kept, on="id", how="left").withColumn(
-        "wins", F.col("kept").isNull() | beats
+    wins = (
+        F.when(F.col("kept").isNotNull(), beats)
+        .when(F.col("_claimed").isNotNull(), F.lit(False))
+        .otherwise(F.lit(True))
     )
+    return out.withColumn("wins", wins).drop("_claimed")
 
 
 def winners(decided: DataFrame) -> DataFrame:
-    """The copies a batch keeps (``against_seen``'s winners, as ``readings`` rows)."""
+    """The copies a batch keeps (``against_index``'s winners, as ``readings`` rows)."""
     return decided.where(F.col("wins")).drop("kept", "wins")
 
 

@@ -34,6 +34,7 @@ BAD_LINES = [
     '{"id": "gw/e/bad6", "origin": "gw", "sensor": "s", "ts": "2026-11-21T00:00:00.000Z",'
     ' "value": 1, "kind": "rate"}',
 ]
+INDEX = ("seen_ranges/", "seen_exceptions/")
 REASONS = {
     "malformed_line": 1,
     "bad_ts": 1,
@@ -109,12 +110,12 @@ def test_rerun_with_new_hours_rewrites_only_them_and_redelivered_files_change_no
     }
     for p in rewritten:
         assert after[p] != before[p], p
-    added = {p for p in set(after) - set(before) if not p.startswith("seen_ids/")}
+    added = {p for p in set(after) - set(before) if not p.startswith(INDEX)}
     assert added == {f"readings/{h}/batch=1" for h in hours} | {"quality/batch=1"}
-    # Every other partition of every table is byte for byte what it was (seen_ids is the
-    # index of ids, rewritten per bucket the new ids fall in).
+    # Every other partition of every table is byte for byte what it was (the seen index
+    # takes a generation in the buckets of the streams the new ids belong to).
     for p, digest in before.items():
-        if p not in rewritten and not p.startswith("seen_ids/"):
+        if p not in rewritten and not p.startswith(INDEX):
             assert after.get(p) == digest, p
     # The same files delivered again under new names: read, and every reading dropped.
     before = after
@@ -126,7 +127,7 @@ def test_rerun_with_new_hours_rewrites_only_them_and_redelivered_files_change_no
     assert s["duplicates_removed"] == s["readings_in"]
     after = _partitions(wh)
     assert {p for p in after if before.get(p) != after[p]} <= {
-        p for p in after if p.startswith(("quality/", "quarantine/", "seen_ids/"))
+        p for p in after if p.startswith(("quality/", "quarantine/", *INDEX))
     }
     _agrees(landing, wh)
 
@@ -340,10 +341,10 @@ def test_an_hour_whose_every_copy_is_displaced_leaves_the_rollups(
     _agrees(landing, wh)
 
 
-def _seen_generations(wh: Path) -> dict[str, list[str]]:
+def _generations(wh: Path, table: str) -> dict[str, list[str]]:
     return {
         b.name: sorted(g.name for g in b.glob("gen=*"))
-        for b in sorted((wh / "seen_ids").glob("bucket=*"))
+        for b in sorted((wh / table).glob("bucket=*"))
     }
 
 
@@ -354,37 +355,43 @@ def test_index_buckets_are_compacted_and_a_run_killed_while_compacting_converges
 
     The batch that compacts is stopped after deleting only one of the generations it
     replaced (the compacted one and the other both still there): the replay must
-    neither lose nor repeat a row of the index.
+    neither lose nor repeat a position of the index, nor a row of its exceptions.
     """
     monkeypatch.setattr(Pipeline, "seen_max_generations", 2)
     landing, wh = tmp_path / "landing", tmp_path / "wh"
     t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
-    # One epoch (node7/0: ids 0-49), so one bucket: gen 0, then gen 1.
+    # One stream (node7/0: ids 0-49), so one bucket: gen 0, then gen 1.
     _land(landing, "run0", _clockless_node_copies(list(range(25)), t0 + timedelta(hours=2)))
     _run(spark, landing, wh)
     _land(landing, "run1", _clockless_node_copies(list(range(25, 50)), t0 + timedelta(hours=3)))
     _run(spark, landing, wh)
-    (bucket,) = _seen_generations(wh)
-    assert _seen_generations(wh)[bucket] == ["gen=0", "gen=1"]
+    (bucket,) = _generations(wh, "seen_ranges")
+    assert _generations(wh, "seen_ranges")[bucket] == ["gen=0", "gen=1"]
+    assert not (wh / "seen_exceptions").exists()  # every id a position, nothing displaced
     # Batch 2 brings copies received earlier (they displace ten kept ones) and compacts.
     _land(landing, "run2", _clockless_node_copies(list(range(10)), t0, gateway="gw-z"))
     real_drop = Pipeline._drop_compacted
 
-    def killed_midway(self: Pipeline, index: Any, compact: list[int], batch_id: int) -> None:
-        self._delete(f"{self.path('seen_ids')}/{bucket}/gen=0")
-        raise RuntimeError("killed while deleting the compacted generations")
+    def killed_midway(
+        self: Pipeline, table: str, index: Any, compact: list[int], batch_id: int
+    ) -> None:
+        if table == "seen_ranges":
+            self._delete(f"{self.path('seen_ranges')}/{bucket}/gen=0")
+            raise RuntimeError("killed while deleting the compacted generations")
 
     monkeypatch.setattr(Pipeline, "_drop_compacted", killed_midway)
     with pytest.raises(Exception, match="killed while deleting"):
         _run(spark, landing, wh)
-    assert _seen_generations(wh)[bucket] == ["gen=1", "gen=2"]
+    assert _generations(wh, "seen_ranges")[bucket] == ["gen=1", "gen=2"]
     monkeypatch.setattr(Pipeline, "_drop_compacted", real_drop)
     s = _run(spark, landing, wh)  # replays batch 2
     assert s["batches"] == [2] and s["readings_written"] == 10 and s["displaced"] == 10
-    assert _seen_generations(wh)[bucket] == ["gen=2"]
-    seen = spark.read.parquet(str(wh / "seen_ids"))
-    assert seen.count() == 60  # 50 kept by batches 0 and 1 (ten since displaced), 10 by batch 2
-    assert seen.select("id", "batch").distinct().count() == 60
+    assert _generations(wh, "seen_ranges")[bucket] == ["gen=2"]
+    runs = spark.read.parquet(str(wh / "seen_ranges")).collect()
+    assert [(r.lo, r.hi, r.width, r.n, r.exact) for r in runs] == [(0, 49_000, 1, 50, True)]
+    exceptions = spark.read.parquet(str(wh / "seen_exceptions"))
+    # The ten displaced copies (kept by batch 0) and the ten that displaced them (batch 2).
+    assert exceptions.count() == 20 and exceptions.select("id", "batch").distinct().count() == 20
     # Later copies of the same ids lose; another batch adds a generation again.
     _land(landing, "run3", _clockless_node_copies(list(range(20)), t0 + timedelta(hours=5)))
     s = _run(spark, landing, wh)
@@ -392,7 +399,9 @@ def test_index_buckets_are_compacted_and_a_run_killed_while_compacting_converges
     _land(landing, "run4", _clockless_node_copies(list(range(30, 45)), t0, gateway="gw-y"))
     s = _run(spark, landing, wh)
     assert s["readings_written"] == 15 and s["displaced"] == 15
-    assert _seen_generations(wh)[bucket] == ["gen=2", "gen=4"]
+    assert _generations(wh, "seen_ranges")[bucket] == ["gen=2"]  # no new position
+    (ebucket,) = _generations(wh, "seen_exceptions")
+    assert _generations(wh, "seen_exceptions")[ebucket] == ["gen=2", "gen=4"]
     _agrees(landing, wh)
 
 
@@ -405,14 +414,15 @@ def test_what_a_killed_index_write_left_uncommitted_is_not_merged_by_the_next(
     t0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
     _land(landing, "run0", _clockless_node_copies(list(range(25)), t0))
     _run(spark, landing, wh)
-    (bucket,) = _seen_generations(wh)
-    real = next((wh / "seen_ids" / bucket / "gen=0").glob("*.parquet"))
-    stale = wh / "seen_ids" / "_temporary" / "0" / "task_killed_0000" / bucket / "gen=1"
+    (bucket,) = _generations(wh, "seen_ranges")
+    real = next((wh / "seen_ranges" / bucket / "gen=0").glob("*.parquet"))
+    stale = wh / "seen_ranges" / "_temporary" / "0" / "task_killed_0000" / bucket / "gen=1"
     stale.mkdir(parents=True)
     shutil.copy(real, stale / "part-00000-killed.c000.snappy.parquet")
     _land(landing, "run1", _clockless_node_copies(list(range(25, 50)), t0))
     s = _run(spark, landing, wh)
     assert s["batches"] == [1] and s["readings_written"] == 25
-    assert not list((wh / "seen_ids").rglob("*killed*"))
-    assert spark.read.parquet(str(wh / "seen_ids")).count() == 50
+    assert not list((wh / "seen_ranges").rglob("*killed*"))
+    runs = spark.read.parquet(str(wh / "seen_ranges"))
+    assert runs.agg({"n": "sum"}).first()[0] == 50
     _agrees(landing, wh)
