@@ -16,7 +16,10 @@ gateway's code in the fleet is the code its own ``pubcomp status`` gives:
 - 5 ``EXIT_CLOCK`` (fleet only): a gateway's clock is not synchronised;
 - 6 ``EXIT_DISK`` (fleet only): a gateway's store is near its quota, or its disk full;
 - 7 ``EXIT_ROLLOUT_HALTED`` (``pubcomp fleet rollout``): a wave's gate failed; the
-  rollout stopped and reverted the gateways it had updated.
+  rollout stopped and reverted the gateways it had updated;
+- 9 ``EXIT_UNEXPLAINED`` (``pubcomp fleet completeness``): the warehouse misses
+  readings that no gateway's ledger explains (held, evicted, dead-lettered, refused,
+  dropped on the node): the alarm. (8 is ``node update``'s failed revert, on main.)
 
 3 has two names because it says two things: "not running" is what the gateway's
 own machine can know, "offline" what the cloud can (a gateway whose network is cut
@@ -42,6 +45,7 @@ EXIT_NOT_DELIVERING = 4  # the uplink is down or stalled: readings wait on the g
 EXIT_CLOCK = 5  # fleet: a gateway's clock is not synchronised: its readings are flagged
 EXIT_DISK = 6  # fleet: a gateway's store is near its quota, or its disk nearly full
 EXIT_ROLLOUT_HALTED = 7  # fleet rollout: a gate failed; halted and reverted
+EXIT_UNEXPLAINED = 9  # fleet completeness: readings missing that no ledger explains
 # pubcomp gateway run: EX_TEMPFAIL (sysexits.h): the store's card refuses writes;
 # trying again later may work (systemd starts it again: each start probes the card).
 EXIT_STORE_UNWRITABLE = 75
