@@ -35,6 +35,9 @@ BAD_LINES = [
     ' "value": 1, "kind": "rate"}',
 ]
 INDEX = ("seen_ranges/", "seen_exceptions/")
+# What each batch writes of completeness (issue 27): its landed ranges, and the buckets of
+# the gateways its lines came from, recomputed (pipeline/completejob.py).
+INDEX += ("landed/", "completeness/", "completeness_gaps/")
 REASONS = {
     "malformed_line": 1,
     "bad_ts": 1,
