@@ -70,17 +70,15 @@ class CompletenessTables:
         if ledger is None:
             ledger = spark.createDataFrame([], C.LEDGER_SCHEMA)
         table, gaps = C.completeness(landed, ledger.where(mine))
-        gaps = gaps.localCheckpoint(eager=True)
-        have = {r[0] for r in gaps.select("bucket").distinct().collect()}
-        # A bucket that had gaps and has none now: an overwrite with no rows would leave
-        # its old partition, so it is deleted (a crash before the write below is replayed).
-        for b in sorted(set(buckets) - have):
+        gaps = gaps.localCheckpoint(eager=True)  # the table below reads it too
+        # The buckets' old gaps go first: a bucket with none left would keep them (an
+        # overwrite with no rows writes nothing). A crash before the write is replayed.
+        for b in buckets:
             fs, p = hadoop_path(spark, f"{self.path('completeness_gaps')}/bucket={b}")
             fs.delete(p, True)
-        if have or not path_exists(spark, self.path("completeness_gaps")):
-            gaps.repartition("bucket").write.mode("overwrite").partitionBy("bucket").parquet(
-                self.path("completeness_gaps")
-            )
+        gaps.repartition("bucket").write.mode("overwrite").partitionBy("bucket").parquet(
+            self.path("completeness_gaps")
+        )
         table.repartition("bucket").write.mode("overwrite").partitionBy("bucket").parquet(
             self.path("completeness")
         )

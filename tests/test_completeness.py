@@ -56,6 +56,7 @@ def _records_batch() -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.timeout(600)
 def test_records_stay_out_of_readings_and_rollups_and_land_once_in_their_tables(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -94,7 +95,7 @@ def _positions(gaps: list[tuple[Any, ...]]) -> dict[tuple[str, str, int], str]:
     return {(g, s, p): r for g, s, lo, hi, r in gaps for p in range(lo, hi + 1)}
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_a_fleet_s_planted_holes_are_found_with_their_reasons_in_spark_and_duckdb(
     spark: Any, tmp_path: Path, capsys: Any
 ) -> None:
