@@ -350,6 +350,8 @@ COMPLETENESS_COLS = (
     + ", ".join(COUNTS)
     + ", skipped"
 )
+# Tables a warehouse may have no rows in (a fleet without records, ledgers or gaps).
+MAY_BE_EMPTY = ("quarantine", "records", "ledger", "completeness", "completeness_gaps")
 GAPS_COLS = "gateway, stream, kind, lo, hi, n, reason, detail, hour::TIMESTAMP AS hour"
 
 
