@@ -23,6 +23,9 @@ write:
 - ``quality`` (by batch): per origin and sensor, lines in, kept, duplicates
   removed, late and clock-flagged readings (what ``pubcomp pipeline report``
   shows without scanning all of ``readings``).
+- ``records``, ``ledger``, ``landed``, ``completeness``, ``completeness_gaps``: the
+  gateways' records (never readings) and what landed and what is missing, per stream
+  (pipeline/completejob.py, issue 27).
 
 No watermark: a reading a week late re-opens its hour and day (docs/pipeline.md).
 """
