@@ -25,7 +25,7 @@ import duckdb
 COLUMNS = (
     "{id: 'VARCHAR', origin: 'VARCHAR', sensor: 'VARCHAR', ts: 'VARCHAR', value: 'DOUBLE', "
     "unit: 'VARCHAR', flags: 'VARCHAR[]', kind: 'VARCHAR', gateway: 'VARCHAR', "
-    "received: 'VARCHAR'}"
+    "received: 'VARCHAR', record: 'JSON', _mqtt: 'JSON'}"
 )
 ROLLUP = """
     count(value)::BIGINT AS count, min(value) AS min, max(value) AS max,
@@ -57,9 +57,9 @@ def build(
     )
     con.execute(
         """
-        CREATE OR REPLACE TABLE valid AS
+        CREATE OR REPLACE TABLE valid_all AS
         SELECT id, origin, sensor, t AS ts, value, unit, flags, k AS kind, gateway,
-               r AS received
+               r AS received, record
         FROM (SELECT *, try_strptime(ts, '%Y-%m-%dT%H:%M:%S.%gZ') AS t,
                         try_strptime(received, '%Y-%m-%dT%H:%M:%S.%gZ') AS r,
                         coalesce(kind, 'gauge') AS k FROM lines)
@@ -70,6 +70,11 @@ def build(
           AND t >= TIMESTAMP '2000-01-01'
           AND NOT (r IS NOT NULL AND t > r + INTERVAL 1 DAY)
         """
+    )
+    # A sensor starting with "$" is the gateway's record, not a reading (issue 27).
+    con.execute(
+        "CREATE OR REPLACE TABLE valid AS SELECT * EXCLUDE (record) FROM valid_all "
+        "WHERE NOT starts_with(sensor, '$')"
     )
     con.execute(
         """
@@ -90,6 +95,7 @@ def build(
         )
     if quarantine:
         build_quarantine(landing, con)
+    build_completeness(con)
     return con
 
 
@@ -135,6 +141,218 @@ def build_quarantine(landing: Path, con: duckdb.DuckDBPyConnection) -> None:
         FROM fields WHERE reason IS NOT NULL
         """
     )
+
+
+# ------------------------------------------------------------ records and completeness
+
+LEDGER_TYPE = (
+    'STRUCT(v INTEGER, "window" VARCHAR[], top BIGINT, streams MAP(VARCHAR, STRUCT('
+    "held BIGINT[][], skipped BIGINT[][], stored BIGINT[][], "
+    'evicted STRUCT("at" VARCHAR, ranges BIGINT[][])[], '
+    'dead_letter STRUCT("at" VARCHAR, ranges BIGINT[][])[], '
+    "refused MAP(VARCHAR, BIGINT[][]), node_dropped MAP(VARCHAR, BIGINT[][]))))"
+)
+REASONS = ("held", "evicted", "dead_letter", "refused", "node_dropped", "skipped")
+COUNTS = ("held", "evicted", "dead_letter", "refused", "node_dropped", "unexplained", "unreported")
+
+
+def _wts(x: str) -> str:
+    """A wire time, or a number of seconds, as a timestamp (pipeline/completeness.wire_ts)."""
+    return (
+        f"coalesce(try_strptime({x}, {TS}), "
+        f"make_timestamp((try_cast({x} AS DOUBLE) * 1e6)::BIGINT))"
+    )
+
+
+def build_completeness(con: duckdb.DuckDBPyConnection) -> None:
+    """``records``, ``ledger``, and ``completeness`` and ``completeness_gaps`` one position
+    at a time, from the rules in pipeline/completeness.py's docstring (Spark works on
+    ranges: the two must agree)."""
+    con.execute(
+        """
+        CREATE OR REPLACE TABLE recs AS SELECT * FROM valid_all WHERE starts_with(sensor, '$')
+        QUALIFY row_number() OVER (
+            PARTITION BY id
+            ORDER BY coalesce(received, TIMESTAMP '9999-12-31'), coalesce(gateway, '')) = 1
+        """
+    )
+    con.execute(
+        "CREATE OR REPLACE TABLE records AS SELECT id, origin, sensor, ts, flags, record, "
+        "gateway, received FROM recs WHERE sensor <> '$ledger'"
+    )
+    head = "id, gateway, epoch, seq, ts, window_start, window_end"
+    con.execute(
+        f"""
+        CREATE OR REPLACE TABLE ledger AS
+        WITH b AS (
+            SELECT id, coalesce(gateway, origin) AS gateway, split_part(id, '/', 2) AS epoch,
+                   try_cast(split_part(id, '/', 3) AS BIGINT) AS seq, ts,
+                   try_cast(record AS {LEDGER_TYPE}) AS r
+            FROM recs WHERE sensor = '$ledger'
+        ), h AS (
+            SELECT *, {_wts("r.window[1]")} AS window_start, {_wts("r.window[2]")} AS window_end
+            FROM b WHERE seq IS NOT NULL
+        ), s AS (
+            SELECT {head}, unnest(map_keys(r.streams)) AS stream,
+                   unnest(map_values(r.streams)) AS x
+            FROM h
+        ), rows AS (
+            SELECT {head}, gateway || '/' || epoch AS stream, 'top' AS what,
+                   NULL::VARCHAR AS reason, NULL::TIMESTAMP AS "at", r.top AS lo, r.top AS hi
+            FROM h WHERE r.top IS NOT NULL
+            UNION ALL
+            SELECT {head}, stream, 'held', NULL, NULL, g[1], g[2] FROM s, unnest(x.held) u(g)
+            UNION ALL
+            SELECT {head}, stream, 'skipped', NULL, NULL, g[1], g[2]
+            FROM s, unnest(x.skipped) u(g)
+            UNION ALL
+            SELECT {head}, stream, 'stored', NULL, NULL, g[1], g[2]
+            FROM s, unnest(x.stored) u(g)
+            UNION ALL
+            SELECT {head}, stream, 'evicted', NULL, {_wts("e.at")}, g[1], g[2]
+            FROM (SELECT *, unnest(x.evicted) AS e FROM s), unnest(e.ranges) u(g)
+            UNION ALL
+            SELECT {head}, stream, 'dead_letter', NULL, {_wts("e.at")}, g[1], g[2]
+            FROM (SELECT *, unnest(x.dead_letter) AS e FROM s), unnest(e.ranges) u(g)
+            UNION ALL
+            SELECT {head}, stream, 'refused', m.key, NULL, g[1], g[2]
+            FROM (SELECT *, unnest(map_entries(x.refused)) AS m FROM s), unnest(m.value) u(g)
+            UNION ALL
+            SELECT {head}, stream, 'node_dropped', m.key, NULL, g[1], g[2]
+            FROM (SELECT *, unnest(map_entries(x.node_dropped)) AS m FROM s),
+                 unnest(m.value) u(g)
+        )
+        SELECT * FROM rows WHERE lo IS NOT NULL AND hi IS NOT NULL AND lo <= hi AND lo >= 0
+        """
+    )
+    # Landed positions: the store spans of the receive records, the node messages of the
+    # reading ids; a position's time the earliest of its copies' (ts, else received).
+    con.execute(
+        f"""
+        CREATE OR REPLACE TABLE landed_pos AS
+        WITH l AS (
+            SELECT id, gateway, coalesce(try_strptime(ts, {TS}), try_strptime(received, {TS}))
+                   AS t, json_extract_string(_mqtt, '$.outbox.epoch') AS epoch,
+                   try_cast(json_extract(_mqtt, '$.outbox.first') AS BIGINT) AS f,
+                   try_cast(json_extract(_mqtt, '$.outbox.last') AS BIGINT) AS z,
+                   split_part(id, '/', 3) AS tail
+            FROM lines WHERE gateway IS NOT NULL
+        ), p AS (
+            SELECT gateway, gateway || '/' || epoch AS stream, unnest(range(f, z + 1)) AS pos, t
+            FROM l WHERE epoch IS NOT NULL AND f <= z
+            UNION ALL
+            SELECT gateway, split_part(id, '/', 1) || '/' || split_part(id, '/', 2),
+                   try_cast(split_part(tail, '.', 1) AS BIGINT), t
+            FROM l
+            WHERE length(id) - length(replace(id, '/', '')) = 2
+              AND length(tail) - length(replace(tail, '.', '')) = 1
+              AND try_cast(split_part(tail, '.', 1) AS BIGINT)::VARCHAR = split_part(tail, '.', 1)
+              AND try_cast(split_part(tail, '.', 2) AS BIGINT)::VARCHAR = split_part(tail, '.', 2)
+        )
+        SELECT gateway, stream, pos, min(t) AS t FROM p GROUP BY ALL
+        """
+    )
+    prio = " ".join(f"WHEN '{r}' THEN {i}" for i, r in enumerate(REASONS))
+    names = ", ".join(f"'{r}'" for r in REASONS)
+    con.execute(
+        f"""
+        CREATE OR REPLACE TABLE missing_pos AS
+        WITH latest AS (
+            SELECT gateway, id AS latest, coalesce(window_end, ts) AS last_t FROM ledger
+            QUALIFY row_number() OVER (PARTITION BY gateway
+                ORDER BY coalesce(window_end, ts) DESC, seq DESC, id DESC) = 1
+        ), streams AS (
+            SELECT gateway, stream,
+                   CASE WHEN split_part(stream, '/', 1) = gateway THEN 1 ELSE 0 END AS first,
+                   max(told) AS told, greatest(max(got), coalesce(max(told), -1)) AS top
+            FROM (SELECT gateway, stream, pos AS got, NULL::BIGINT AS told FROM landed_pos
+                  UNION ALL SELECT gateway, stream, NULL, hi FROM ledger)
+            GROUP BY ALL
+        ), expected AS (
+            SELECT s.gateway, s.stream, s.told, l.last_t,
+                   unnest(range(s.first, s.top + 1)) AS pos
+            FROM streams s LEFT JOIN latest l USING (gateway)
+        ), why AS (
+            SELECT gateway, stream, what, reason, window_end AS rt, lo, hi FROM ledger
+            WHERE what = 'held' AND id IN (SELECT latest FROM latest)
+            UNION ALL
+            SELECT gateway, stream, what, reason,
+                   CASE WHEN what IN ('evicted', 'dead_letter') THEN "at" ELSE window_start END,
+                   lo, hi
+            FROM ledger WHERE what IN ({names}) AND what <> 'held'
+        ), m AS (
+            SELECT e.* FROM expected e
+            WHERE NOT EXISTS (SELECT 1 FROM landed_pos p
+                              WHERE (p.gateway, p.stream, p.pos) = (e.gateway, e.stream, e.pos))
+        ), hit AS (
+            SELECT m.*, CASE w.what {prio} END AS prio, w.rt, w.reason AS detail
+            FROM m LEFT JOIN why w
+              ON (w.gateway, w.stream) = (m.gateway, m.stream) AND m.pos BETWEEN w.lo AND w.hi
+            QUALIFY row_number() OVER (PARTITION BY m.gateway, m.stream, m.pos
+                ORDER BY prio NULLS FIRST, rt NULLS FIRST, detail NULLS FIRST) = 1
+        ), nxt AS (
+            SELECT h.*, (SELECT arg_min(p.t, p.pos) FROM landed_pos p
+                         WHERE (p.gateway, p.stream) = (h.gateway, h.stream) AND p.pos > h.pos)
+                        AS nt
+            FROM hit h
+        )
+        SELECT gateway, stream, pos,
+               CASE WHEN prio IS NOT NULL THEN [{names}][prio + 1]
+                    WHEN pos <= told THEN 'unexplained' ELSE 'unreported' END AS reason,
+               detail, date_trunc('hour', coalesce(rt, nt, last_t)) AS hour
+        FROM nxt
+        """
+    )
+    kind = "CASE WHEN split_part(stream, '/', 1) = gateway THEN 'store' ELSE 'node' END"
+    con.execute(
+        f"""
+        CREATE OR REPLACE TABLE completeness_gaps AS
+        SELECT gateway, stream, {kind} AS kind, min(pos) AS lo, max(pos) AS hi,
+               count(*) AS n, reason, detail, hour
+        FROM (SELECT *, pos - row_number() OVER (
+                  PARTITION BY gateway, stream, reason, detail, hour ORDER BY pos) AS g
+              FROM missing_pos)
+        GROUP BY gateway, stream, reason, detail, hour, g
+        """
+    )
+    counts = ", ".join(f"count(*) FILTER (WHERE reason = '{c}') AS {c}" for c in COUNTS)
+    missing = " + ".join(COUNTS)
+    con.execute(
+        f"""
+        CREATE OR REPLACE TABLE completeness AS
+        WITH skip AS (SELECT DISTINCT gateway, stream, pos FROM ledger,
+                      unnest(range(lo, hi + 1)) u(pos) WHERE what = 'skipped'),
+        ev AS (
+            SELECT l.gateway, l.stream, date_trunc('hour', l.t) AS hour,
+                   CASE WHEN s.pos IS NULL THEN 'landed' ELSE 'skipped' END AS reason
+            FROM landed_pos l LEFT JOIN skip s USING (gateway, stream, pos)
+            UNION ALL SELECT gateway, stream, hour, reason FROM missing_pos
+        ), c AS (
+            SELECT gateway, stream, hour,
+                   count(*) FILTER (WHERE reason = 'landed') AS landed, {counts},
+                   count(*) FILTER (WHERE reason = 'skipped') AS skipped
+            FROM ev GROUP BY ALL
+        )
+        SELECT gateway, stream, {kind} AS kind, hour, landed + {missing} AS expected, landed,
+               {missing} AS missing, {", ".join(COUNTS)}, skipped
+        FROM c
+        """
+    )
+
+
+LEDGER_COLS = (
+    "id, gateway, epoch, seq, ts::TIMESTAMP AS ts, window_start::TIMESTAMP AS window_start, "
+    'window_end::TIMESTAMP AS window_end, stream, what, reason, "at"::TIMESTAMP AS "at", lo, hi'
+)
+RECORDS_COLS = "id, origin, sensor, ts::TIMESTAMP AS ts, flags, gateway"
+COMPLETENESS_COLS = (
+    "gateway, stream, kind, hour::TIMESTAMP AS hour, expected, landed, missing, "
+    + ", ".join(COUNTS)
+    + ", skipped"
+)
+# Tables a warehouse may have no rows in (a fleet without records, ledgers or gaps).
+MAY_BE_EMPTY = ("quarantine", "records", "ledger", "completeness", "completeness_gaps")
+GAPS_COLS = "gateway, stream, kind, lo, hi, n, reason, detail, hour::TIMESTAMP AS hour"
 
 
 def spark_table(con: duckdb.DuckDBPyConnection, warehouse: Path, table: str, cols: str) -> str:
@@ -199,11 +417,17 @@ def compare(con: duckdb.DuckDBPyConnection, warehouse: Path) -> dict[str, tuple[
         ("rollup_1d", ROLLUP_COLS),
         ("quarantine", "reason, id, origin, sensor"),
         ("quality", QUALITY_COLS),
+        ("records", RECORDS_COLS),
+        ("ledger", LEDGER_COLS),
+        ("completeness", COMPLETENESS_COLS),
+        ("completeness_gaps", GAPS_COLS),
     ):
         if table == "quarantine":
             spark = _spark_quarantine(con, warehouse)
         elif table == "quality":
             spark = _spark_quality(con, warehouse)
+        elif not any((warehouse / table).rglob("*.parquet")):  # never written: no rows
+            spark = f"SELECT {cols.replace('::TIMESTAMP', '')} FROM {table} WHERE false"
         else:
             spark = spark_table(con, warehouse, table, cols)
         mine = f"SELECT {cols.replace('::TIMESTAMP', '')} FROM {table}"

@@ -84,6 +84,45 @@ def fleet_heatmap(
     return png(fig)
 
 
+def completeness_grid(
+    gateways: list[str],
+    days: list[str],
+    explained: np.ndarray,
+    unexplained: np.ndarray,
+    expected: np.ndarray,
+) -> bytes:
+    """Per gateway (rows) and day (columns): a complete day is pale, a day with readings
+    missing for a reason amber, a day with any unexplained red; each gap's count written
+    in its cell, so the gaps stand out whatever their share."""
+    from matplotlib.colors import ListedColormap
+
+    state = np.where(unexplained > 0, 3, np.where(explained > 0, 2, np.where(expected > 0, 1, 0)))
+    cmap = ListedColormap(["#ffffff", "#e3f4e3", "#ffc766", "#e0474c"])
+    height = min(0.32 * len(gateways) + 1.4, 24.0)
+    width = min(max(0.55 * len(days) + 2.5, 6.0), 16.0)
+    fig, ax = plt.subplots(figsize=(width, height))
+    ax.pcolormesh(
+        np.arange(len(days) + 1), np.arange(len(gateways) + 1), state, cmap=cmap, vmin=0, vmax=3,
+        edgecolors="#ffffff", linewidth=1.5,
+    )  # fmt: skip
+    for i in range(len(gateways)):
+        for j in range(len(days)):
+            n_bad, n_ok = int(unexplained[i, j]), int(explained[i, j])
+            if n_bad or n_ok:
+                text = f"{n_bad:,}" if n_bad else f"{n_ok:,}"
+                ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=7,
+                        color="white" if n_bad else "#333")  # fmt: skip
+    ax.set_yticks(np.arange(len(gateways)) + 0.5, labels=gateways, fontsize=7)
+    ax.set_xticks(np.arange(len(days)) + 0.5, labels=[d[5:] for d in days], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_title(
+        "missing per gateway and day (UTC): red unexplained (count), amber held, evicted, "
+        "refused or dropped (count), green complete",
+        fontsize=9,
+    )
+    return png(fig)
+
+
 def _one(per: str) -> timedelta:
     return {"minute": timedelta(minutes=1), "hour": timedelta(hours=1)}.get(per, timedelta(days=1))
 

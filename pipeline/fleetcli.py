@@ -1,4 +1,4 @@
-"""Commands of the fleet: ``pubcomp fleet status|watch`` (the fleet view) and
+"""Commands of the fleet: ``pubcomp fleet status|watch|completeness`` (the fleet view) and
 ``pubcomp fleet release|plan|rollout|keys`` (signed configuration releases, issue 28)."""
 
 from __future__ import annotations
@@ -42,6 +42,21 @@ def register(sub: Any) -> None:
     )
     _stale(w)
     w.set_defaults(handler=_run("fleet_watch"))
+    c = fsub.add_parser(
+        "completeness",
+        help="each stream with missing readings and why, from the warehouse "
+        "(exit code 9 when some are unexplained)",
+    )
+    c.add_argument("--warehouse", required=True, help="warehouse directory (or URL)")
+    c.add_argument("--since", metavar="T", help="hours from T on: 24h, 7d, or an ISO time")
+    c.add_argument("--gateway", metavar="ID", help="only this gateway's streams")
+    c.add_argument("--master", help="Spark master (default: local[*])")
+    c.add_argument(
+        "--textfile",
+        metavar="FILE.prom",
+        help="also write the figures as Prometheus metrics (node_exporter's textfile collector)",
+    )
+    c.set_defaults(handler=_run_in("completeview", "fleet_completeness"))
     _releases(fsub)
 
 

@@ -12,6 +12,7 @@ import html
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -34,7 +35,7 @@ th,td{border:1px solid #ccc;padding:.2em .5em;text-align:left;vertical-align:mid
 th{background:#f0f0f0}
 tr.s3 td{background:#fde2e2}tr.s4 td,tr.s1 td{background:#fff0d6}
 tr.s5 td,tr.s6 td{background:#fff8e0}
-td.why{max-width:28em}
+td.why{max-width:28em}tr.ok td{background:#fff}
 svg.spark{display:block}.spark .line{fill:none;stroke:#1f77b4;stroke-width:1.5}
 .spark .area{fill:#1f77b4;fill-opacity:.15}.spark .base{stroke:#bbb}
 details{margin:.4em 0}.note{color:#555;font-size:.9em}
@@ -99,7 +100,79 @@ def _details(v: GatewayView) -> str:
     )
 
 
-def render(views: list[GatewayView], warehouse: str, now: float | None = None) -> str:
+BAR_W, BAR_H = 160, 12
+
+
+def completeness_bar(counts: dict[str, int], gateway: str) -> str:
+    """Expected positions as one bar: landed green, missing for a reason amber,
+    unexplained red (at least a pixel, so a single lost one shows)."""
+    expected = max(counts.get("expected", 0), 1)
+    bad = counts.get("unexplained", 0)
+    explained = counts.get("missing", 0) - bad
+    widths = []
+    for n in (bad, explained):
+        widths.append(0.0 if not n else max(1.0, n / expected * BAR_W))
+    landed_w = max(BAR_W - sum(widths), 0.0)
+    label = (
+        f"{gateway}: {counts.get('landed', 0):,} of {counts.get('expected', 0):,} landed, "
+        f"{explained:,} missing for a reason, {bad:,} unexplained"
+    )
+    rects, x = [], 0.0
+    for w, color in ((landed_w, "#7cc47c"), (widths[1], "#ffb84d"), (widths[0], "#e0474c")):
+        if w:
+            rects.append(
+                f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="{BAR_H}" fill="{color}"/>'
+            )
+            x += w
+    return (
+        f'<svg class="bar" width="{BAR_W}" height="{BAR_H}" role="img" '
+        f'aria-label="{html.escape(label)}" data-unexplained="{bad}">'
+        f"<title>{html.escape(label)}</title>{''.join(rects)}</svg>"
+    )
+
+
+COMPLETENESS_HEADER = ["gateway", "expected", "landed", "missing", "unexplained"]
+COMPLETENESS_HEADER += ["held", "evicted", "dead letter", "refused", "node dropped", ""]
+
+
+def completeness_section(c: Any) -> str:
+    """Per gateway: what its streams expect, what landed, what is missing and why
+    (pipeline/completeness.py), the unexplained first."""
+    if c is None or not c.found:
+        return ""
+    gws = c.gateways()
+    order = sorted(gws, key=lambda g: (-gws[g].get("unexplained", 0), -gws[g]["missing"], g))
+    rows = []
+    for g in order:
+        n = gws[g]
+        cells = [g, *(f"{n.get(k, 0):,}" for k in ("expected", "landed", "missing", "unexplained",
+                 "held", "evicted", "dead_letter", "refused", "node_dropped"))]  # fmt: skip
+        level = "s3" if n.get("unexplained") else ("s6" if n["missing"] else "ok")
+        rows.append(
+            html_row(
+                [*cells, Raw(completeness_bar(n, g))],
+                attrs=f' class="{level}" data-gateway="{html.escape(g)}"',
+            )
+        )
+    bad = c.unexplained
+    verdict = (
+        f"{bad:,} positions missing with no reason: run pubcomp fleet completeness"
+        if bad
+        else "nothing missing without a reason"
+    )
+    return (
+        f'<h2 id="completeness">Completeness</h2><p id="completeness-verdict" class="verdict '
+        f'{"bad" if bad else "ok"}">{html.escape(verdict)}</p>'
+        "<p class=\"note\">Positions (a gateway's store seqs, its nodes' messages) each "
+        "gateway's streams expect, landed in the warehouse, and missing: held in its store, "
+        "evicted by its quota, dead-lettered, refused, dropped on the node (its ledgers say "
+        "which), or unexplained.</p>" + html_table(COMPLETENESS_HEADER, rows, tid="completeness")
+    )
+
+
+def render(
+    views: list[GatewayView], warehouse: str, now: float | None = None, completeness: Any = None
+) -> str:
     now = time.time() if now is None else now
     ranked = fleet.rank(views, now)
     judged = [fleet.judge(v, now) for v in ranked]
@@ -123,7 +196,7 @@ def render(views: list[GatewayView], warehouse: str, now: float | None = None) -
             "<p>No gateway status yet: gateways publish it, <code>pubcomp ingest run</code> "
             "lands it, <code>pubcomp pipeline run</code> puts it here.</p>"
         )
-        return "".join([*out, "</body></html>"])
+        return "".join([*out, completeness_section(completeness), "</body></html>"])
     header = [*fleet.HEADER, "why", "backlog"]
     classes = [None] * len(fleet.HEADER) + ["why"]
     body = (
@@ -136,6 +209,7 @@ def render(views: list[GatewayView], warehouse: str, now: float | None = None) -
     )
     table = html_table(header, body, tid="gateways")
     out.append(f'<div style="overflow-x:auto">{table}</div>')
+    out.append(completeness_section(completeness))
     out += [_details(v) for v in ranked]
     return "".join([*out, "</body></html>"])
 
@@ -146,12 +220,13 @@ def page_path(report: Path) -> Path:
 
 def write(spark: SparkSession, warehouse: str, out: Path) -> str:
     """Write the page; returns its headline (for the report's link to it)."""
+    from . import completeview
     from .health import views
 
     found = views(spark, warehouse, history_hours=HISTORY_H)
     now = time.time()
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(render(found, warehouse, now))
+    tmp.write_text(render(found, warehouse, now, completeview.load(spark, warehouse)))
     tmp.replace(out)
     ranked = fleet.rank(found, now)
     return fleet.headline(ranked, [fleet.judge(v, now) for v in ranked])

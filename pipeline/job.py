@@ -23,6 +23,9 @@ write:
 - ``quality`` (by batch): per origin and sensor, lines in, kept, duplicates
   removed, late and clock-flagged readings (what ``pubcomp pipeline report``
   shows without scanning all of ``readings``).
+- ``records``, ``ledger``, ``landed``, ``completeness``, ``completeness_gaps``: the
+  gateways' records (never readings) and what landed and what is missing, per stream
+  (pipeline/completejob.py, issue 27).
 
 No watermark: a reading a week late re-opens its hour and day (docs/pipeline.md).
 """
@@ -43,7 +46,8 @@ from pyspark.sql import functions as F
 from pubcomp.sync import faults
 from pubcomp.sync.faults import crash_point
 
-from . import seenindex, transforms
+from . import completeness, seenindex, transforms
+from .completejob import CompletenessTables
 from .health import update as update_health
 from .seenstore import EXCEPTIONS, RANGES, SeenStore
 from .sparkenv import hadoop_path, path_exists, spark_session
@@ -97,6 +101,7 @@ class Pipeline:
         self.wh = warehouse.rstrip("/")
         self.summary = RunSummary()
         self.seen = SeenStore(spark, self.wh)
+        self.complete = CompletenessTables(spark, self.wh)
 
     def path(self, table: str) -> str:
         return f"{self.wh}/{table}"
@@ -129,13 +134,16 @@ class Pipeline:
         # One cache: the lines parsed once (every later step reads this, not the JSON).
         parsed = transforms.parse_landing(lines).withColumn("_file", F.input_file_name()).persist()
         try:
-            good = F.col("reason").isNull()
+            # A record ($ledger, $release) is no reading: completejob keeps it (issue 27).
+            good = F.col("reason").isNull() & ~transforms.is_record(F.col("sensor"))
             counts = parsed.agg(
                 F.count(F.lit(1)),
                 F.countDistinct("_file"),
                 F.count_if(good),
                 F.collect_set(F.when(good, transforms.id_bucket(F.col("id")))),
                 F.collect_set(F.when(good, seenindex.range_bucket(F.col("id")))),
+                F.count_if(F.col("reason").isNull() & transforms.is_record(F.col("sensor"))),
+                F.collect_set(completeness.bucket(F.col("gateway"))),
             ).first()
             if counts is None or not counts[0]:  # (a global aggregate always has one row)
                 return
@@ -143,14 +151,15 @@ class Pipeline:
             s.batches.append(batch_id)
             s.lines_in += n_lines
             s.files += n_files
-            s.quarantined += n_lines - n_good
+            s.quarantined += n_lines - n_good - int(counts[5])
             # A batch with nothing to quarantine writes no partition: skip the pass,
             # once the table exists (the report reads it).
-            if n_lines > n_good or not self._exists("quarantine"):
+            if n_lines > n_good + int(counts[5]) or not self._exists("quarantine"):
                 bad = transforms.quarantined(parsed, batch_id)
                 bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
             buckets = (sorted(int(b) for b in counts[3]), sorted(int(b) for b in counts[4]))
             self._readings(transforms.valid_readings(parsed, batch_id), n_good, buckets, batch_id)
+            self.complete.batch(parsed, batch_id, int(counts[5]), sorted(counts[6]))
         finally:
             parsed.unpersist()
 

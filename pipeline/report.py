@@ -62,6 +62,8 @@ class Facts:
     panels: dict[str, bytes] = field(default_factory=dict)  # origin -> PNG
     not_charted: list[str] = field(default_factory=list)
     fleet_page: tuple[str, str] | None = None  # (file name, headline): pipeline/fleetpage.py
+    completeness: Any = None  # completeview.Completeness (issue 27)
+    completeness_chart: bytes = b""
 
     @property
     def totals(self) -> dict[str, int]:
@@ -105,6 +107,7 @@ class Report:
         self._quality(f, days)
         self._quarantine(f)
         self._runs(f)
+        self._completeness(f)
         span = days.agg(F.unix_micros(F.min("first_ts")), F.unix_micros(F.max("last_ts"))).first()
         f.first, f.last = _utc(span[0]), _utc(span[1])  # type: ignore[index]
         if f.first is None or f.last is None:
@@ -156,6 +159,28 @@ class Report:
         counts = q.groupBy(F.coalesce("origin", F.lit("(unreadable)")).alias("o"), "reason")
         for r in counts.count().collect():
             f.quarantine.setdefault(r.o, {})[r.reason] = int(r["count"])
+
+    def _completeness(self, f: Facts) -> None:
+        from . import completeview
+
+        c = completeview.load(self.spark, self.wh)
+        if not c.found:
+            return
+        f.completeness = c
+        if not c.daily:
+            return
+        gateways = sorted({g for g, _ in c.daily})
+        days = sorted({d for _, d in c.daily})
+        shape = (len(gateways), len(days))
+        grids = {k: np.zeros(shape) for k in ("explained", "unexplained", "expected")}
+        for (g, d), n in c.daily.items():
+            i, j = gateways.index(g), days.index(d)
+            grids["unexplained"][i, j] = n["unexplained"]
+            grids["explained"][i, j] = n["missing"] - n["unexplained"]
+            grids["expected"][i, j] = n["expected"]
+        f.completeness_chart = charts.completeness_grid(
+            gateways, days, grids["explained"], grids["unexplained"], grids["expected"]
+        )
 
     def _runs(self, f: Facts) -> None:
         local = Path(f"{self.wh}/_runs")
@@ -318,6 +343,8 @@ def render(f: Facts) -> str:
     out.append("</div>")
     if f.heatmap:
         out += ["<h2>The fleet</h2>", _img(f.heatmap, "readings per origin over time")]
+    if f.completeness is not None:
+        out.append(_completeness_section(f))
     out.append(
         "<h2>Data quality</h2><p>Late: received more than "
         f"{transforms.LATE_AFTER_S // 60} minutes after "
@@ -369,6 +396,53 @@ def render(f: Facts) -> str:
         rrows = [(_run_cells(r), False) for r in reversed(f.runs)]
         out += ["<h2>Recent pipeline runs</h2>", _table(RUN_HEADERS, rrows, "runs")]
     return "".join([*out, "</body></html>"])
+
+
+MAX_GAP_ROWS = 50
+
+
+def _completeness_section(f: Facts) -> str:
+    """Per gateway and day, the picture; then the streams with missing readings, the
+    unexplained first (pipeline/completeness.py's reasons)."""
+    c = f.completeness
+    n = c.unexplained
+    verdict = (
+        f"{n:,} positions missing with no reason: the alarm"
+        if n
+        else "nothing missing without a reason"
+    )
+    out = [
+        '<h2 id="completeness">Completeness</h2>',
+        f'<p id="completeness-verdict" class="{"warn" if n else "ok"}">{html.escape(verdict)}. '
+        "A position is a store seq of a gateway (its own readings and its nodes', as stored) "
+        "or a node's message; missing ones are held at the gateway, evicted by its quota, "
+        "dead-lettered, refused, dropped on the node, or unexplained (the gateways' ledgers "
+        "say which). <code>pubcomp fleet completeness</code> prints the same.</p>",
+    ]
+    if f.completeness_chart:
+        out.append(_img(f.completeness_chart, "missing positions per gateway and day"))
+    rows = [
+        (
+            [
+                s.gateway,
+                s.stream,
+                s.kind,
+                f"{s.expected:,}",
+                f"{s.landed:,}",
+                f"{s.missing:,}",
+                s.why(),
+            ],
+            bool(s.unexplained),
+        )
+        for s in c.streams
+        if s.missing
+    ]
+    if rows:
+        headers = ["gateway", "stream", "kind", "expected", "landed", "missing", "why"]
+        out.append(_table(headers, rows[:MAX_GAP_ROWS], "completeness"))
+        if len(rows) > MAX_GAP_ROWS:
+            out.append(f"<p>{len(rows) - MAX_GAP_ROWS} more streams miss readings.</p>")
+    return "".join(out)
 
 
 RUN_HEADERS = ["started (UTC)", "files", "readings read", "duplicates removed", "quarantined"]

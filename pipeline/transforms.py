@@ -61,9 +61,32 @@ LANDING_SCHEMA = StructType(
         StructField("kind", StringType()),
         StructField("gateway", StringType()),
         StructField("received", StringType()),
+        # A record's body ($ledger: pipeline/completeness.py), as JSON text.
+        StructField("record", StringType()),
+        # The receive record's span of the gateway's store (the message's last line).
+        StructField(
+            "_mqtt",
+            StructType(
+                [
+                    StructField(
+                        "outbox",
+                        StructType(
+                            [
+                                StructField("epoch", StringType()),
+                                StructField("first", LongType()),
+                                StructField("last", LongType()),
+                            ]
+                        ),
+                    )
+                ]
+            ),
+        ),
         StructField(CORRUPT, StringType()),
     ]
 )
+# What a quarantined line is shown as when it parsed (its fields, as the wire has them).
+LINE_FIELDS = ["id", "origin", "sensor", "ts", "value", "unit", "flags", "kind", "gateway",
+               "received"]  # fmt: skip
 
 READINGS_SCHEMA = StructType(
     [
@@ -193,7 +216,7 @@ def parse_landing(lines: DataFrame) -> DataFrame:
             F.lit("ts_in_future"),
         )
     )
-    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*LANDING_SCHEMA.names[:-1])))
+    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*LINE_FIELDS)))
     return lines.select(
         "id",
         "origin",
@@ -207,7 +230,14 @@ def parse_landing(lines: DataFrame) -> DataFrame:
         received.alias("received_t"),
         reason.alias("reason"),
         F.when(reason.isNotNull(), line).alias("line"),
+        "record",
+        F.col("_mqtt.outbox").alias("outbox"),
     )
+
+
+def is_record(sensor: Column) -> Column:
+    """A line that is the gateway's record, not a reading: its sensor starts with ``$``."""
+    return F.coalesce(sensor.startswith("$"), F.lit(False))
 
 
 def quarantined(parsed: DataFrame, batch: int) -> DataFrame:
@@ -222,8 +252,9 @@ def quarantined(parsed: DataFrame, batch: int) -> DataFrame:
 
 
 def valid_readings(parsed: DataFrame, batch: int) -> DataFrame:
-    """The keepable lines as the ``readings`` table's rows (duplicates still in)."""
-    return parsed.where(F.col("reason").isNull()).select(
+    """The keepable lines that are readings (not records: pipeline/completeness.py) as the
+    ``readings`` table's rows (duplicates still in)."""
+    return parsed.where(F.col("reason").isNull() & ~is_record(F.col("sensor"))).select(
         "id",
         "origin",
         "sensor",

@@ -19,7 +19,10 @@ gateway's code in the fleet is the code its own ``pubcomp status`` gives:
   wave's gate failed; the rollout stopped and reverted the gateways (nodes) it had
   updated;
 - 8 ``EXIT_REVERT_FAILED`` (``pubcomp node update``): the rollout halted, and at least
-  one node it had updated could not be taken back: it may run the version that failed.
+  one node it had updated could not be taken back: it may run the version that failed;
+- 9 ``EXIT_UNEXPLAINED`` (``pubcomp fleet completeness``): the warehouse misses
+  readings that no gateway's ledger explains (held, evicted, dead-lettered, refused,
+  dropped on the node): the alarm.
 
 3 has two names because it says two things: "not running" is what the gateway's
 own machine can know, "offline" what the cloud can (a gateway whose network is cut
@@ -46,6 +49,7 @@ EXIT_CLOCK = 5  # fleet: a gateway's clock is not synchronised: its readings are
 EXIT_DISK = 6  # fleet: a gateway's store is near its quota, or its disk nearly full
 EXIT_ROLLOUT_HALTED = 7  # fleet rollout, node update: a gate failed; halted and reverted
 EXIT_REVERT_FAILED = 8  # node update: halted, and a node's revert failed (or was impossible)
+EXIT_UNEXPLAINED = 9  # fleet completeness: readings missing that no ledger explains
 # pubcomp gateway run: EX_TEMPFAIL (sysexits.h): the store's card refuses writes;
 # trying again later may work (systemd starts it again: each start probes the card).
 EXIT_STORE_UNWRITABLE = 75

@@ -1,0 +1,561 @@
+"""Records and the completeness table (issue 27): named transforms, explicit schemas.
+
+A landing line whose ``sensor`` starts with ``$`` is the gateway's **record**, not a
+reading (docs/wire-format.md): it never reaches ``readings``, the rollups or
+``quality``. A ``$ledger`` record (docs/pipeline.md, "Completeness") becomes rows of
+``ledger``, one per range it tells, a ``top`` row first; any other (``$release``, the
+release apply's audit) a row of ``records``. Both are kept once per id, as readings are
+(the copies of a record are the same bytes from the same gateway: which one is kept
+does not show).
+
+**Streams and positions.** The gateway's store stream ``{gateway}/{epoch}``: its seqs;
+landed is the union of the ``outbox`` spans the ingest writes in each message's receive
+record (``_mqtt.outbox``). A node stream ``{node}/{boot}``: its message seqs, landed
+from the reading ids ``{node}/{boot}/{seq}.{i}``. A position's time is its line's
+``ts`` (else ``received``): the last line of the span's message, the earliest of the
+node message's readings. Each batch writes what it landed as ranges (``landed``, by
+batch): consecutive positions of one stream and hour, one row.
+
+**The table** (``completeness`` per gateway, stream and hour; ``completeness_gaps`` per
+missing range), for a stream of gateway ``g``:
+
+- expected: store ``[1 .. T]``, node ``[0 .. T]``, ``T`` the largest position landed or
+  told by a ledger (store: the ledger's ``top``; node: any range it names), less the
+  seqs the store skipped;
+- told: up to where ``g``'s ledgers have spoken of the stream (the largest ``top`` of
+  the epoch's ledgers; a node stream's largest range). A missing position is judged
+  only up to there; past it, the gateway has not told yet (``unreported``: not an alarm);
+- each missing position's reason, the first that applies: ``held`` (in the ``held`` of
+  ``g``'s latest ledger, by window end then seq), ``evicted``, ``dead_letter``,
+  ``refused``, ``node_dropped``, ``skipped`` (a seq the store never gave: not counted
+  expected nor missing), else ``unexplained`` (told, and no reason: the alarm) or
+  ``unreported``;
+- its hour: the reason's time (an eviction's or dead letter's ``at``; the telling
+  ledger's window start for refused, dropped and skipped; the latest ledger's window
+  end for held), else the first landed position after it, else the latest ledger's
+  window end. A landed position's hour is its own (copies share it).
+
+Recomputed, not merged: each batch recomputes every stream of the gateways in the
+buckets its lines touch (``BUCKETS`` by gateway) from ``landed`` and ``ledger``, which
+hold ranges, not readings, and writes those buckets of both tables. A later batch can
+change any hour of an old stream (a late copy fills a gap, a ledger explains one), so
+the rows of a gateway are only right when all of its streams are seen together; and a
+gateway's ranges are few (a row per stream, hour and gap), so this costs what the
+fleet's streams cost, not its history of readings. Only the missing positions are
+expanded one by one, to give each its reason.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from . import transforms
+
+LEDGER_SENSOR = "$ledger"
+BUCKETS = 16  # completeness's partitions: a hash of the gateway
+
+# A $ledger record's ``record`` (docs/wire-format.md). Times are wire times (numbers of
+# seconds are read too); a range is ``[lo, hi]``.
+_RANGES = ArrayType(ArrayType(LongType()))
+_EVENTS = ArrayType(StructType([StructField("at", StringType()), StructField("ranges", _RANGES)]))
+_BY_REASON = MapType(StringType(), _RANGES)
+LEDGER_RECORD = StructType(
+    [
+        StructField("v", IntegerType()),
+        StructField("window", ArrayType(StringType())),
+        StructField("top", LongType()),
+        StructField(
+            "streams",
+            MapType(
+                StringType(),
+                StructType(
+                    [
+                        StructField("held", _RANGES),
+                        StructField("skipped", _RANGES),
+                        StructField("stored", _RANGES),
+                        StructField("evicted", _EVENTS),
+                        StructField("dead_letter", _EVENTS),
+                        StructField("refused", _BY_REASON),
+                        StructField("node_dropped", _BY_REASON),
+                    ]
+                ),
+            ),
+        ),
+    ]
+)
+
+# ``ledger``: one row per range a kept $ledger record tells; ``what`` is top (``lo`` =
+# ``hi`` = the store's top), held, skipped, stored, evicted, dead_letter, refused or
+# node_dropped; ``reason`` the refusal's or the drop's; ``at`` an event's time.
+LEDGER_SCHEMA = StructType(
+    [
+        StructField("id", StringType(), False),
+        StructField("gateway", StringType(), False),
+        StructField("epoch", StringType(), False),
+        StructField("seq", LongType(), False),
+        StructField("ts", TimestampType()),
+        StructField("window_start", TimestampType()),
+        StructField("window_end", TimestampType()),
+        StructField("stream", StringType(), False),
+        StructField("what", StringType(), False),
+        StructField("reason", StringType()),
+        StructField("at", TimestampType()),
+        StructField("lo", LongType(), False),
+        StructField("hi", LongType(), False),
+        StructField("batch", LongType(), False),
+    ]
+)
+LEDGER_COLUMNS = LEDGER_SCHEMA.names
+
+RECORDS_SCHEMA = StructType(
+    [
+        StructField("id", StringType(), False),
+        StructField("origin", StringType(), False),
+        StructField("sensor", StringType(), False),
+        StructField("ts", TimestampType()),
+        StructField("flags", ArrayType(StringType())),
+        StructField("record", StringType()),
+        StructField("gateway", StringType()),
+        StructField("received", TimestampType()),
+        StructField("batch", LongType(), False),
+    ]
+)
+
+# ``landed``: what each batch landed, a row per run of consecutive positions of one
+# stream in one hour (``t``: the earliest time in it).
+LANDED_SCHEMA = StructType(
+    [
+        StructField("gateway", StringType(), False),
+        StructField("stream", StringType(), False),
+        StructField("lo", LongType(), False),
+        StructField("hi", LongType(), False),
+        StructField("t", TimestampType()),
+        StructField("batch", LongType(), False),
+    ]
+)
+
+COUNTS = ("held", "evicted", "dead_letter", "refused", "node_dropped", "unexplained", "unreported")
+REASONS = (*COUNTS[:5], "skipped", *COUNTS[5:])  # the order a missing position is judged in
+COMPLETENESS_SCHEMA = StructType(
+    [
+        StructField("gateway", StringType(), False),
+        StructField("stream", StringType(), False),
+        StructField("kind", StringType(), False),
+        StructField("hour", TimestampType()),
+        StructField("expected", LongType(), False),
+        StructField("landed", LongType(), False),
+        StructField("missing", LongType(), False),
+        *[StructField(c, LongType(), False) for c in COUNTS],
+        StructField("skipped", LongType(), False),
+        StructField("bucket", IntegerType(), False),
+    ]
+)
+GAPS_SCHEMA = StructType(
+    [
+        StructField("gateway", StringType(), False),
+        StructField("stream", StringType(), False),
+        StructField("kind", StringType(), False),
+        StructField("lo", LongType(), False),
+        StructField("hi", LongType(), False),
+        StructField("n", LongType(), False),
+        StructField("reason", StringType(), False),
+        StructField("detail", StringType()),
+        StructField("hour", TimestampType()),
+        StructField("bucket", IntegerType(), False),
+    ]
+)
+
+TS_FORMAT = transforms.TS_FORMAT
+is_record = transforms.is_record
+_UNBOUNDED = Window.unboundedPreceding
+
+
+# ------------------------------------------------------------------ records
+
+
+def bucket(gateway: Column) -> Column:
+    return F.pmod(F.xxhash64(gateway), F.lit(BUCKETS)).cast(IntegerType())
+
+
+def wire_ts(text: Column) -> Column:
+    """A wire time (or a number of seconds) as a timestamp; null if it is neither."""
+    return F.coalesce(
+        F.try_to_timestamp(text, F.lit(TS_FORMAT)),
+        F.timestamp_seconds(text.try_cast("double")),
+    )
+
+
+def kept_records(parsed: DataFrame, batch: int) -> DataFrame:
+    """The batch's records (its good lines with a ``$`` sensor), one per id: the copy
+    received first. ``parsed``: ``transforms.parse_landing``'s rows."""
+    good = parsed.where(F.col("reason").isNull() & is_record(F.col("sensor")))
+    best = F.min_by(
+        F.struct("origin", "sensor", "ts_t", "flags", "record", "gateway", "received_t"),
+        F.struct(F.coalesce("received_t", F.lit("9999-12-31").cast(TimestampType())),
+                 F.coalesce("gateway", F.lit(""))),
+    )  # fmt: skip
+    one = good.groupBy("id").agg(best.alias("r"))
+    return one.select(
+        "id",
+        "r.origin",
+        "r.sensor",
+        F.col("r.ts_t").alias("ts"),
+        "r.flags",
+        "r.record",
+        "r.gateway",
+        F.col("r.received_t").alias("received"),
+        F.lit(batch).cast(LongType()).alias("batch"),
+    )
+
+
+def ledger_rows(records: DataFrame) -> DataFrame:
+    """The ``ledger`` rows of the ``$ledger`` records among ``kept_records``' rows."""
+    rec = F.from_json("record", LEDGER_RECORD)
+    parts = F.split("id", "/")
+    base = records.where(F.col("sensor") == LEDGER_SENSOR).select(
+        "id",
+        F.coalesce("gateway", "origin").alias("gateway"),
+        parts.getItem(1).alias("epoch"),
+        parts.getItem(2).try_cast(LongType()).alias("seq"),
+        "ts",
+        rec.alias("r"),
+        "batch",
+    )
+    base = base.where(F.col("seq").isNotNull()).select(
+        "*",
+        wire_ts(F.col("r.window").getItem(0)).alias("window_start"),
+        wire_ts(F.col("r.window").getItem(1)).alias("window_end"),
+    )
+    head = ["id", "gateway", "epoch", "seq", "ts", "window_start", "window_end"]
+    none_s, none_t = F.lit(None).cast(StringType()), F.lit(None).cast(TimestampType())
+
+    def rows(df: DataFrame, what: str, ranges: str, reason: Column, at: Column) -> DataFrame:
+        out = df.select(*head, "stream", reason.alias("reason"), at.alias("at"),
+                        F.explode(ranges).alias("rg"), "batch")  # fmt: skip
+        return out.select(*head, "stream", F.lit(what).alias("what"), "reason", "at",
+                          F.col("rg").getItem(0).alias("lo"), F.col("rg").getItem(1).alias("hi"),
+                          "batch")  # fmt: skip
+
+    top = base.where(F.col("r.top").isNotNull()).select(
+        *head,
+        F.concat_ws("/", "gateway", "epoch").alias("stream"),
+        F.lit("top").alias("what"),
+        none_s.alias("reason"),
+        none_t.alias("at"),
+        F.col("r.top").alias("lo"),
+        F.col("r.top").alias("hi"),
+        "batch",
+    )
+    streams = base.select(*head, F.explode("r.streams").alias("stream", "s"), "batch")
+    out = top
+    for what in ("held", "skipped", "stored"):
+        out = out.unionByName(rows(streams, what, f"s.{what}", none_s, none_t))
+    for what in ("evicted", "dead_letter"):
+        ev = streams.select(*head, "stream", F.explode(f"s.{what}").alias("e"), "batch")
+        out = out.unionByName(rows(ev, what, "e.ranges", none_s, wire_ts(F.col("e.at"))))
+    for what in ("refused", "node_dropped"):
+        by = streams.select(*head, "stream", F.explode(f"s.{what}").alias("why", "rgs"), "batch")
+        out = out.unionByName(rows(by, what, "rgs", F.col("why"), none_t))
+    ok = F.col("lo").isNotNull() & F.col("hi").isNotNull() & (F.col("lo") <= F.col("hi"))
+    return out.where(ok & (F.col("lo") >= 0)).select(*LEDGER_COLUMNS)
+
+
+# ------------------------------------------------------------------ landed positions
+
+
+def merge_ranges(ranges: DataFrame, keys: list[str]) -> DataFrame:
+    """Overlapping or adjacent ranges (``lo``, ``hi``, ``t``) of the same ``keys`` merged
+    (``t``: the earliest)."""
+    w = Window.partitionBy(*keys).orderBy("lo", "hi")
+    prev = F.max("hi").over(w.rowsBetween(_UNBOUNDED, -1))
+    start = prev.isNull() | (F.col("lo") > prev + 1)
+    runs = ranges.withColumn("_start", start.cast(LongType())).withColumn(
+        "_run", F.sum("_start").over(w.rowsBetween(_UNBOUNDED, 0))
+    )
+    return runs.groupBy(*keys, "_run").agg(
+        F.min("lo").alias("lo"), F.max("hi").alias("hi"), F.min("t").alias("t")
+    )
+
+
+def _pos_time() -> Column:
+    return F.coalesce("ts_t", "received_t")
+
+
+def landed_ranges(parsed: DataFrame, batch: int) -> DataFrame:
+    """What a batch landed (``LANDED_SCHEMA``), from every line that parsed (kept or
+    quarantined: it reached the landing zone): the store spans its messages' receive
+    records name, and the node messages its reading ids name."""
+    have = parsed.where(F.col("gateway").isNotNull())
+    box = F.col("outbox")
+    spans = have.where(box.isNotNull() & box.epoch.isNotNull() & (box.first <= box.last)).select(
+        "gateway",
+        F.concat_ws("/", "gateway", box.epoch).alias("stream"),
+        box.first.alias("lo"),
+        box.last.alias("hi"),
+        _pos_time().alias("t"),
+    )
+    tail = F.substring_index("id", "/", -1)
+    seq_s = F.substring_index(tail, ".", 1)
+    i_s = F.substring_index(tail, ".", -1)
+    slashes = F.length("id") - F.length(F.replace(F.col("id"), F.lit("/"), F.lit("")))
+    dots = F.length(tail) - F.length(F.replace(tail, F.lit("."), F.lit("")))
+    seq = seq_s.try_cast(LongType())
+    node = (
+        (slashes == 2)
+        & (dots == 1)
+        & (seq.cast(StringType()) == seq_s)
+        & (i_s.try_cast(LongType()).cast(StringType()) == i_s)
+    )
+    messages = (
+        have.where(F.col("id").isNotNull() & node)
+        .select(
+            "gateway",
+            F.substring_index("id", "/", 2).alias("stream"),
+            seq.alias("seq"),
+            _pos_time().alias("t"),
+        )
+        .groupBy("gateway", "stream", "seq")
+        .agg(F.min("t").alias("t"))
+        .select("gateway", "stream", F.col("seq").alias("lo"), F.col("seq").alias("hi"), "t")
+    )
+    both = spans.unionByName(messages).withColumn("_hour", F.date_trunc("hour", "t"))
+    merged = merge_ranges(both, ["gateway", "stream", "_hour"])
+    return merged.select(
+        "gateway", "stream", "lo", "hi", "t", F.lit(batch).cast(LongType()).alias("batch")
+    )
+
+
+# ------------------------------------------------------------------ the table
+
+
+def _kind() -> Column:
+    return F.when(
+        F.substring_index("stream", "/", 1) == F.col("gateway"), F.lit("store")
+    ).otherwise(F.lit("node"))
+
+
+def _latest_order() -> Column:
+    """Which of a gateway's ledgers is its latest: by window end (else time), then seq."""
+    return F.struct(F.coalesce("window_end", "ts").alias("wt"), "seq", "id")
+
+
+def reason_ranges(ledger: DataFrame) -> DataFrame:
+    """Every range a reason covers, with its priority (``REASONS``' order), detail and time:
+    the held ranges of each gateway's latest ledger, every ledger's other reasons."""
+    latest = (
+        ledger.groupBy("gateway")
+        .agg(F.max(_latest_order()).alias("o"))
+        .select("gateway", F.col("o.id").alias("latest"))
+    )
+    held = (
+        ledger.where(F.col("what") == "held")
+        .join(latest, on="gateway")
+        .where(F.col("id") == F.col("latest"))
+        .select("gateway", "stream", "what", "reason", F.col("window_end").alias("rt"), "lo", "hi")
+    )
+    timed = F.when(F.col("what").isin("evicted", "dead_letter"), F.col("at")).otherwise(
+        F.col("window_start")
+    )
+    others = ledger.where(
+        F.col("what").isin("evicted", "dead_letter", "refused", "node_dropped", "skipped")
+    ).select("gateway", "stream", "what", "reason", timed.alias("rt"), "lo", "hi")
+    prio = F.lit(len(REASONS))
+    for i, r in enumerate(REASONS):
+        prio = F.when(F.col("what") == r, F.lit(i)).otherwise(prio)
+    return held.unionByName(others).withColumn("prio", prio)
+
+
+def streams_of(landed: DataFrame, ledger: DataFrame) -> DataFrame:
+    """Per (gateway, stream): ``kind``, the first position, ``told`` (null: never told),
+    ``top`` (the last position expected) and the gateway's latest ledger's window end."""
+    told = ledger.groupBy("gateway", "stream").agg(F.max("hi").alias("told"))
+    got = landed.groupBy("gateway", "stream").agg(F.max("hi").alias("got"))
+    last = ledger.groupBy("gateway").agg(F.max(_latest_order()).alias("o"))
+    s = got.join(told, on=["gateway", "stream"], how="full")
+    s = s.join(last.select("gateway", F.col("o.wt").alias("last_t")), on="gateway", how="left")
+    kind = _kind()
+    return s.select(
+        "gateway",
+        "stream",
+        kind.alias("kind"),
+        F.when(kind == "store", F.lit(1)).otherwise(F.lit(0)).cast(LongType()).alias("first"),
+        "told",
+        F.greatest(F.coalesce("got", F.lit(-1)), F.coalesce("told", F.lit(-1))).alias("top"),
+        "last_t",
+    )
+
+
+def _new_parts(landed: DataFrame) -> DataFrame:
+    """The landed ranges made disjoint: each range less what ranges before it (by ``lo``,
+    then ``t``) covered, with ``gap_lo``: the first missing position before it (when
+    there is a gap before it)."""
+    w = Window.partitionBy("gateway", "stream").orderBy("lo", "t", "hi")
+    prev = F.max("hi").over(w.rowsBetween(_UNBOUNDED, -1))
+    return (
+        landed.withColumn("_prev", prev)
+        .select(
+            "gateway",
+            "stream",
+            F.greatest("lo", F.coalesce(F.col("_prev") + 1, F.col("lo"))).alias("lo"),
+            "hi",
+            "t",
+            (F.col("_prev") + 1).alias("_after"),
+        )
+        .where(F.col("hi") >= F.col("lo"))
+    )
+
+
+def completeness(landed: DataFrame, ledger: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """``(completeness, completeness_gaps)`` of every stream in ``landed`` and ``ledger``
+    (all of their gateways' rows): the rules in the module's docstring."""
+    streams = streams_of(landed, ledger)
+    parts = _new_parts(landed).join(
+        streams.select("gateway", "stream", "first", "last_t"), on=["gateway", "stream"]
+    )
+    # The gaps: before each landed part (from the first position, or after the parts
+    # before it), and after the last one (to ``top``), with the time of what follows.
+    before = parts.select(
+        "gateway",
+        "stream",
+        F.coalesce("_after", "first").alias("lo"),
+        (F.col("lo") - 1).alias("hi"),
+        F.col("t").alias("gt"),
+    )
+    ends = landed.groupBy("gateway", "stream").agg(F.max("hi").alias("end"))
+    after = streams.join(ends, on=["gateway", "stream"], how="left").select(
+        "gateway",
+        "stream",
+        F.coalesce(F.col("end") + 1, F.col("first")).alias("lo"),
+        F.col("top").alias("hi"),
+        F.col("last_t").alias("gt"),
+    )
+    gaps = before.unionByName(after).where(F.col("hi") >= F.col("lo"))
+    missing = gaps.select("gateway", "stream", F.explode(F.sequence("lo", "hi")).alias("pos"), "gt")
+    why = reason_ranges(ledger).select(
+        F.col("gateway").alias("w_gateway"),
+        F.col("stream").alias("w_stream"),
+        F.col("lo").alias("rlo"),
+        F.col("hi").alias("rhi"),
+        "prio",
+        "rt",
+        "reason",
+    )
+    hit = missing.join(
+        why,
+        on=(F.col("gateway") == F.col("w_gateway"))
+        & (F.col("stream") == F.col("w_stream"))
+        & F.col("pos").between(F.col("rlo"), F.col("rhi")),
+        how="left",
+    ).select("gateway", "stream", "pos", "gt", "prio", "rt", "reason")
+    best = hit.groupBy("gateway", "stream", "pos", "gt").agg(
+        F.min(F.struct("prio", "rt", "reason")).alias("b")
+    )
+    judged = best.join(
+        streams.select("gateway", "stream", "told", "kind"), on=["gateway", "stream"]
+    )
+    # (not element_at: given a null index, Spark 4 answers the array's last element)
+    reason = F.when(F.col("pos") <= F.col("told"), F.lit("unexplained")).otherwise(
+        F.lit("unreported")
+    )
+    for i, r in reversed(list(enumerate(REASONS))):
+        reason = F.when(F.col("b.prio") == i, F.lit(r)).otherwise(reason)
+    each = judged.select(
+        "gateway",
+        "stream",
+        "kind",
+        "pos",
+        reason.alias("reason"),
+        F.col("b.reason").alias("detail"),
+        F.date_trunc("hour", F.coalesce("b.rt", "gt")).alias("hour"),
+    )
+    w = Window.partitionBy("gateway", "stream", "reason", "detail", "hour").orderBy("pos")
+    gap_rows = (
+        each.withColumn("_g", F.col("pos") - F.row_number().over(w))
+        .groupBy("gateway", "stream", "kind", "reason", "detail", "hour", "_g")
+        .agg(F.min("pos").alias("lo"), F.max("pos").alias("hi"))
+        .select(
+            "gateway",
+            "stream",
+            "kind",
+            "lo",
+            "hi",
+            (F.col("hi") - F.col("lo") + 1).alias("n"),
+            "reason",
+            "detail",
+            "hour",
+            bucket(F.col("gateway")).alias("bucket"),
+        )
+    )
+    # Landed per hour: the disjoint parts, less the skipped seqs inside them (a span may
+    # hold seqs the store never gave).
+    skipped = merge_ranges(
+        ledger.where(F.col("what") == "skipped").select(
+            "gateway", "stream", "lo", "hi", F.lit(None).cast(TimestampType()).alias("t")
+        ),
+        ["gateway", "stream"],
+    ).select("gateway", "stream", F.col("lo").alias("slo"), F.col("hi").alias("shi"))
+    skipped = skipped.withColumnRenamed("gateway", "s_gateway").withColumnRenamed(
+        "stream", "s_stream"
+    )
+    lp = (
+        _new_parts(landed)
+        .join(
+            skipped,
+            on=(F.col("gateway") == F.col("s_gateway"))
+            & (F.col("stream") == F.col("s_stream"))
+            & (F.col("slo") <= F.col("hi"))
+            & (F.col("shi") >= F.col("lo")),
+            how="left",
+        )
+        .groupBy("gateway", "stream", "lo", "hi", "t")
+        # (least and greatest skip nulls: a part with no skipped seqs counts none)
+        .agg(
+            F.sum(
+                F.when(F.col("slo").isNotNull(), F.least("hi", "shi") - F.greatest("lo", "slo") + 1)
+            ).alias("sk")
+        )
+    )
+    zero = F.lit(0).cast(LongType())
+    landed_h = lp.select(
+        "gateway",
+        "stream",
+        F.date_trunc("hour", "t").alias("hour"),
+        (F.col("hi") - F.col("lo") + 1 - F.coalesce("sk", zero)).alias("landed"),
+        F.coalesce("sk", zero).alias("skipped"),
+        *[zero.alias(c) for c in COUNTS],
+    )
+    gap_h = gap_rows.select(
+        "gateway",
+        "stream",
+        "hour",
+        zero.alias("landed"),
+        F.when(F.col("reason") == "skipped", F.col("n")).otherwise(zero).alias("skipped"),
+        *[F.when(F.col("reason") == c, F.col("n")).otherwise(zero).alias(c) for c in COUNTS],
+    )
+    sums = [F.sum(c).cast(LongType()).alias(c) for c in ("landed", "skipped", *COUNTS)]
+    hourly = landed_h.unionByName(gap_h).groupBy("gateway", "stream", "hour").agg(*sums)
+    missing_n = sum((F.col(c) for c in COUNTS), zero)
+    table = hourly.select(
+        "gateway",
+        "stream",
+        _kind().alias("kind"),
+        "hour",
+        (F.col("landed") + missing_n).cast(LongType()).alias("expected"),
+        "landed",
+        missing_n.cast(LongType()).alias("missing"),
+        *COUNTS,
+        "skipped",
+        bucket(F.col("gateway")).alias("bucket"),
+    )
+    return table, gap_rows
