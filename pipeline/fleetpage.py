@@ -43,11 +43,11 @@ details{margin:.4em 0}.note{color:#555;font-size:.9em}
 # The release's apply state as a badge: in progress blue, committed green, reverted
 # orange, refused red (the row colours mark the gateway's health, not its release).
 RELEASE_CSS = (
-    ".rel{display:inline-block;padding:0 .45em;border-radius:3px;color:#fff;"
+    ".rel{display:inline-block;padding:0 .45em;border-radius:3px;color:#fff;white-space:nowrap;"
     "background:#777;font-weight:bold}.rel.committed{background:#2a8a2a}"
     ".rel.fetched,.rel.verified,.rel.staged,.rel.switched,.rel.trial{background:#1f6fb4}"
     ".rel.rolling_back,.rel.rolled_back{background:#c05800}.rel.refused{background:#b3261e}"
-    ".rel-bad{color:#b3261e;font-weight:bold}.rel-error{max-width:22em}"
+    ".rel-bad{color:#b3261e;font-weight:bold;white-space:nowrap}.rel-error{min-width:12em}"
 )
 
 
