@@ -50,7 +50,7 @@ def release_cells(page: str) -> dict[str, str]:
     """Each gateway's release cell, as text (the page's own rows, by ``data-gateway``)."""
     out = {}
     for gw, row in re.findall(r'<tr class="s\d" data-gateway="([^"]+)">(.*?)</tr>', page):
-        cell = re.search(r"<td>([^<]*(?:&rarr;[^<]*)?<span class=\"rel .*?)</td>", row)
+        cell = re.search(r'<td>([^<]*<span class="rel .*?)</td>', row)
         out[gw] = " ".join(re.sub(r"<[^>]+>", " ", cell.group(1)).split()) if cell else ""
     return out
 
