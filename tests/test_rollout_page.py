@@ -122,6 +122,8 @@ def test_the_fleet_page_during_a_rollout_whose_canary_fails(
     assert "rolled back" in cells["gw-b"] or "rolling back" in cells["gw-b"], cells
     assert "bad: 2" in cells["gw-b"] and "pm-gw-b" in page, cells  # why, as gw-b said it
     assert cells["gw-c"] == "1 committed", cells  # never saw release 2
-    assert "2" in cells["gw-a"], cells  # committed 2, or on its way back from it
+    # gw-a committed 2 as a canary: it runs 2, or is on its way to the revert, 3 (how far
+    # it got by the time gw-b's rollback landed depends on the machine's load).
+    assert cells["gw-a"].split()[0] in ("2", "3"), cells
     # A wide desktop: the page's table is wider than 1280 px once a release has failed.
     browser.shot(page_file.as_uri(), "fleet-rollout-desktop.png", (1440, 760))
