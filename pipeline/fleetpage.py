@@ -9,6 +9,7 @@ scripts, no files.
 from __future__ import annotations
 
 import html
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +41,15 @@ svg.spark{display:block}.spark .line{fill:none;stroke:#1f77b4;stroke-width:1.5}
 .spark .area{fill:#1f77b4;fill-opacity:.15}.spark .base{stroke:#bbb}
 details{margin:.4em 0}.note{color:#555;font-size:.9em}
 """
+# The release's apply state as a badge: in progress blue, committed green, reverted
+# orange, refused red (the row colours mark the gateway's health, not its release).
+RELEASE_CSS = (
+    ".rel{display:inline-block;padding:0 .45em;border-radius:3px;color:#fff;white-space:nowrap;"
+    "background:#777;font-weight:bold}.rel.committed{background:#2a8a2a}"
+    ".rel.fetched,.rel.verified,.rel.staged,.rel.switched,.rel.trial{background:#1f6fb4}"
+    ".rel.rolling_back,.rel.rolled_back{background:#c05800}.rel.refused{background:#b3261e}"
+    ".rel-bad{color:#b3261e;font-weight:bold;white-space:nowrap}.rel-error{min-width:12em}"
+)
 
 
 def spark_svg(history: list[tuple[float, int]], gateway: str) -> str:
@@ -170,6 +180,25 @@ def completeness_section(c: Any) -> str:
     )
 
 
+def release_html(v: GatewayView) -> str:
+    """The release cell: version (and the one under way), its state as a badge, the
+    versions rolled back here, and why the last one was refused or rolled back."""
+    r = v.release
+    if r is None:
+        return "-"
+    state = re.sub(r"[^a-z_]", "", r.state) or "unknown"
+    out = str(r.version) if r.version is not None else "config"
+    if r.candidate is not None:
+        out += f" &rarr; {r.candidate}"
+    words = state.replace("_", " ")
+    out += f' <span class="rel {state}" data-release-state="{state}">{words}</span>'
+    if r.bad:
+        out += f' <span class="rel-bad">bad: {", ".join(map(str, r.bad))}</span>'
+    if r.last_error:
+        out += f'<div class="note rel-error">{html.escape(r.last_error)}</div>'
+    return Raw(out)
+
+
 def render(
     views: list[GatewayView], warehouse: str, now: float | None = None, completeness: Any = None
 ) -> str:
@@ -182,7 +211,7 @@ def render(
     out = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-        f"<title>pubcomp fleet: gateways</title><style>{CSS}</style></head><body>",
+        f"<title>pubcomp fleet: gateways</title><style>{CSS}{RELEASE_CSS}</style></head><body>",
         "<h1>pubcomp fleet: gateways</h1>",
         f'<p id="verdict" class="verdict {level}">{html.escape(head)}</p>',
         f'<p class="note">From <code>{html.escape(warehouse)}</code> (gateway_health), drawn '
@@ -199,9 +228,14 @@ def render(
         return "".join([*out, completeness_section(completeness), "</body></html>"])
     header = [*fleet.HEADER, "why", "backlog"]
     classes = [None] * len(fleet.HEADER) + ["why"]
+    rel = fleet.HEADER.index("release")
     body = (
         html_row(
-            [*fleet.row(v, j, now), j.why if j.code else "", Raw(spark_svg(v.history, v.gateway))],
+            [
+                *(release_html(v) if i == rel else c for i, c in enumerate(fleet.row(v, j, now))),
+                j.why if j.code else "",
+                Raw(spark_svg(v.history, v.gateway)),
+            ],
             attrs=f' class="s{j.code}" data-gateway="{html.escape(v.gateway)}"',
             classes=classes,
         )

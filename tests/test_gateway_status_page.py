@@ -69,13 +69,16 @@ class Browser:
         return Page(self._run(url, size, "--dump-dom"))
 
     def screenshot(self, url: str, name: str) -> list[Path]:
-        out = []
-        for label, window in SIZES.items():
-            path = self.shots / f"status-{name}-{label}.png"
-            self._run(url, window, f"--screenshot={path}")
-            assert path.stat().st_size > 10_000, path
-            out.append(path)
-        return out
+        return [
+            self.shot(url, f"status-{name}-{label}.png", window) for label, window in SIZES.items()
+        ]
+
+    def shot(self, url: str, name: str, size: tuple[int, int] = SIZES["desktop"]) -> Path:
+        """One screenshot, ``name`` in the screenshot folder."""
+        path = self.shots / name
+        self._run(url, size, f"--screenshot={path}")
+        assert path.stat().st_size > 10_000, path
+        return path
 
 
 class Page(HTMLParser):
