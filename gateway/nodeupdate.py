@@ -37,7 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pubcomp.sync.exitcodes import EXIT_REVERT_FAILED, EXIT_ROLLOUT_HALTED
+from pubcomp.sync.exitcodes import (
+    EXIT_FAILED,
+    EXIT_OFFLINE,
+    EXIT_REVERT_FAILED,
+    EXIT_ROLLOUT_HALTED,
+    EXIT_USAGE,
+)
 
 from .config import Fleet, GatewayConfig
 from .errors import ConfigError
@@ -419,11 +425,6 @@ def table(rollout: Rollout) -> str:
         "  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3]
         for row in rows
     ).rstrip()
-
-
-EXIT_FAILED = 1
-EXIT_OFFLINE = 3
-EXIT_USAGE = 2
 
 
 def node_update(args: argparse.Namespace) -> int:

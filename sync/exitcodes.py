@@ -8,6 +8,7 @@ gateway's code in the fleet is the code its own ``pubcomp status`` gives:
 
 - 0: the gateway runs, is healthy and delivers / every gateway does;
 - 1 ``EXIT_UNHEALTHY``: it runs, but a task died or its store does not answer;
+  ``EXIT_FAILED`` (``pubcomp node update --no-revert``): a wave failed, the rollout halted;
 - 2 ``EXIT_USAGE``: the command was wrong (fleet: or its source cannot be read);
 - 3 ``EXIT_NOT_RUNNING`` (``pubcomp status``): nothing answers on its health port;
   ``EXIT_OFFLINE`` (fleet): a gateway's Will came, it stopped, or it went silent;
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 EXIT_OK = 0
 EXIT_UNHEALTHY = 1
+EXIT_FAILED = 1  # node update --no-revert: a wave failed; the rollout halted there
 EXIT_USAGE = 2  # argparse exits 2 as well
 EXIT_NOT_RUNNING = 3  # pubcomp status: nothing answers on the gateway's health port
 EXIT_OFFLINE = 3  # fleet: a gateway is offline (its Will, a clean stop) or silent
