@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import secrets
 import sys
 import time
 from dataclasses import asdict
@@ -99,28 +98,9 @@ class Watch:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    import aiomqtt
+    from pubcomp.sync.releaselink import client
 
-    from pubcomp.sync.client import BrokerURL, TLSOptions
-
-    url = BrokerURL.parse(args.broker)
-    password = None
-    if args.password_file:
-        password = Path(args.password_file).read_text().rstrip("\r\n")
-    v5 = args.protocol == "5"
-    return aiomqtt.Client(
-        url.host,
-        url.port,
-        identifier=f"pubcomp-watch-{secrets.token_hex(4)}",  # read-only, nothing to persist
-        username=args.username,
-        password=password,
-        protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
-        clean_session=None if v5 else True,
-        tls_context=TLSOptions(args.ca_file, args.cert_file, args.key_file).context()
-        if url.tls
-        else None,
-        timeout=10.0,
-    )
+    return client(args, "watch")  # read-only, nothing to persist
 
 
 def _screen(watch: Watch, args: argparse.Namespace, note: str = "") -> str:

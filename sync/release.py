@@ -54,7 +54,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -90,25 +90,7 @@ Reason = Literal[
     "keys-not-root",
     "keys-old-version",
 ]
-REASONS: tuple[Reason, ...] = (
-    "malformed",
-    "unsigned",
-    "no-keys",
-    "keys-expired",
-    "unknown-key",
-    "bad-signature",
-    "wrong-fleet",
-    "wrong-gateway",
-    "old-version",
-    "same-version",
-    "expired",
-    "bad-sha256",
-    "invalid-config",
-    "chunk",
-    "too-large",
-    "keys-not-root",
-    "keys-old-version",
-)
+REASONS: tuple[Reason, ...] = get_args(Reason)
 
 _TIME = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
