@@ -109,11 +109,16 @@ def test_node_exactly_once_across_resets_and_a_gateway_restart(
         node.start()
         assert wait_until(lambda: len(_cloud_ids(checker, "node-a")) > 40, 30)
         node.kill()  # reset mid-publish: it sends continuously
+
+        def delivers_again() -> bool:  # once a boot delivers (not after a fixed time)
+            before = len(_cloud_ids(checker, "node-a"))
+            return wait_until(lambda: len(_cloud_ids(checker, "node-a")) > before + 5, 60)
+
         node.start()
-        time.sleep(0.8)
+        assert delivers_again()
         node.kill()
         node.start()
-        time.sleep(0.5)
+        assert delivers_again()
         gw.kill()  # the gateway goes away under the node: a dropped connection
         time.sleep(1.0)
         gw.start()

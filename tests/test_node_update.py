@@ -297,8 +297,12 @@ def test_bad_offers_are_refused_counted_and_nothing_applied(site_factory: Any) -
         assert "set marker: bad-inputs" not in b.output(), n
     assert site.software("node-sha")["refused"]["file_sha"] == 3  # three tries, then given up
     assert site.software("node-sha")["last"][1] == "failed"
-    # Refused once, then not offered again (no refusal loop at each check).
-    time.sleep(2)
+    # Refused once, then not offered again (no refusal loop at each check): three more
+    # hellos (each would have been answered with the offer again) and still one refusal.
+    hellos = {site.software("node-mac")["seen"]}
+    while len(hellos) <= 3:
+        assert wait_until(lambda: site.software("node-mac")["seen"] not in hellos, 30)
+        hellos.add(site.software("node-mac")["seen"])
     assert site.software("node-mac")["refused"]["bad_mac"] == 1
 
 
