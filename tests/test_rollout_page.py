@@ -119,7 +119,10 @@ def test_the_fleet_page_during_a_rollout_whose_canary_fails(
     page = browser.dom(page_file.as_uri()).source
     cells = release_cells(page)
     assert set(cells) == set(GATEWAYS), cells
-    assert "rolled back" in cells["gw-b"] or "rolling back" in cells["gw-b"], cells
+    # gw-b rolled release 2 back: it says so, or (when the landing zone froze a moment
+    # later, on a loaded machine) it is back on 1 and on its way to the revert, 3.
+    b = cells["gw-b"]
+    assert "rolled back" in b or "rolling back" in b or b.startswith("1 → 3"), cells
     assert "bad: 2" in cells["gw-b"] and "pm-gw-b" in page, cells  # why, as gw-b said it
     assert cells["gw-c"] == "1 committed", cells  # never saw release 2
     # gw-a committed 2 as a canary: it runs 2, or is on its way to the revert, 3 (how far
