@@ -165,17 +165,26 @@ def test_gateway_corrects_readings_taken_before_the_clock_synced(
             "sensors": [{"id": "t", "type": "simulated", "interval_s": 0.05}],
         }
     )
-    t_sync = 0.0
+    t_start = t_sync = 0.0
+
+    async def committed(gw: service.Gateway, n: int) -> None:
+        """Until the gateway has committed ``n`` more readings (however loaded the machine)."""
+        while getattr(gw, "intake", None) is None:
+            await asyncio.sleep(0.02)
+        target = gw.intake.stats.committed_readings + n
+        while gw.intake.stats.committed_readings < target:
+            await asyncio.sleep(0.02)
 
     async def main() -> int:
-        nonlocal synced, t_sync
+        nonlocal synced, t_start, t_sync
+        t_start = time.time()
         gw = service.Gateway(cfg, clock=clock)
         stop = asyncio.Event()
         run = asyncio.create_task(gw.run(stop))
-        await asyncio.sleep(1.0)
+        await asyncio.wait_for(committed(gw, 12), 60)
         synced = True
         t_sync = time.time()
-        await asyncio.sleep(1.0)
+        await asyncio.wait_for(committed(gw, 12), 60)
         stop.set()
         return await run
 
@@ -189,5 +198,5 @@ def test_gateway_corrects_readings_taken_before_the_clock_synced(
     assert len(before) >= 10 and len(after) >= 10, (len(before), len(after))
     assert all(CORRECTED in r["flags"] for r in before)
     # Corrected stamps are true times: within the run, and before the sync moment.
-    assert all(t_sync - 3 < _t(r["ts"]) <= t_sync + 0.3 for r in before)
+    assert all(t_start - 0.3 < _t(r["ts"]) <= t_sync + 0.3 for r in before)
     assert all(_t(r["ts"]) >= t_sync - 0.3 for r in after)
