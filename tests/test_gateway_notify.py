@@ -130,11 +130,11 @@ def test_no_watchdog_pings_while_the_event_loop_is_wedged(tmp_path: Path) -> Non
         gw = service.Gateway(cfg, notifier=notifier)
         stop = asyncio.Event()
         run = asyncio.create_task(gw.run(stop))
-        await asyncio.sleep(1.0)
+        await asyncio.to_thread(ns.wait, "WATCHDOG", 3)  # pinging (however slow the start)
         ns.mark("WEDGE=start")  # queued after every ping the loop sent before
         time.sleep(1.5)  # a blocking call on the loop: everything on it stops
         ns.mark("WEDGE=end")
-        await asyncio.sleep(1.0)
+        await asyncio.to_thread(ns.wait, "WATCHDOG", 3, time.monotonic())  # pinging again
         stop.set()
         return await run
 
