@@ -69,8 +69,11 @@ class CompletenessTables:
         ledger = self._earlier("ledger", C.LEDGER_SCHEMA, -1)
         if ledger is None:
             ledger = spark.createDataFrame([], C.LEDGER_SCHEMA)
-        table, gaps = C.completeness(landed, ledger.where(mine))
-        gaps = gaps.localCheckpoint(eager=True)  # the table below reads it too
+        ledger = ledger.where(mine)
+        # Materialised once: the table below is built from them, not from their plan
+        # again (which explodes every missing position).
+        gaps = C.missing_ranges(landed, ledger).localCheckpoint(eager=True)
+        table = C.hourly(landed, ledger, gaps)
         # The buckets' old gaps go first: a bucket with none left would keep them (an
         # overwrite with no rows writes nothing). A crash before the write is replayed.
         for b in buckets:

@@ -416,9 +416,11 @@ def _new_parts(landed: DataFrame) -> DataFrame:
     )
 
 
-def completeness(landed: DataFrame, ledger: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """``(completeness, completeness_gaps)`` of every stream in ``landed`` and ``ledger``
-    (all of their gateways' rows): the rules in the module's docstring."""
+def missing_ranges(landed: DataFrame, ledger: DataFrame) -> DataFrame:
+    """``completeness_gaps`` of every stream in ``landed`` and ``ledger`` (all of their
+    gateways' rows): each stream's missing ranges, per reason, detail and hour, by the
+    rules in the module's docstring. (A caller that writes both tables materialises
+    these first: ``hourly`` reads them, and their plan explodes every missing position.)"""
     streams = streams_of(landed, ledger)
     parts = _new_parts(landed).join(
         streams.select("gateway", "stream", "first", "last_t"), on=["gateway", "stream"]
@@ -480,7 +482,7 @@ def completeness(landed: DataFrame, ledger: DataFrame) -> tuple[DataFrame, DataF
         F.date_trunc("hour", F.coalesce("b.rt", "gt")).alias("hour"),
     )
     w = Window.partitionBy("gateway", "stream", "reason", "detail", "hour").orderBy("pos")
-    gap_rows = (
+    return (
         each.withColumn("_g", F.col("pos") - F.row_number().over(w))
         .groupBy("gateway", "stream", "kind", "reason", "detail", "hour", "_g")
         .agg(F.min("pos").alias("lo"), F.max("pos").alias("hi"))
@@ -497,6 +499,11 @@ def completeness(landed: DataFrame, ledger: DataFrame) -> tuple[DataFrame, DataF
             bucket(F.col("gateway")).alias("bucket"),
         )
     )
+
+
+def hourly(landed: DataFrame, ledger: DataFrame, gap_rows: DataFrame) -> DataFrame:
+    """``completeness``: per stream and hour, expected, landed, missing by reason and
+    skipped, from the landed spans and the stream's missing ranges (``missing_ranges``)."""
     # Landed per hour: the disjoint parts, less the skipped seqs inside them (a span may
     # hold seqs the store never gave).
     skipped = merge_ranges(
@@ -544,9 +551,9 @@ def completeness(landed: DataFrame, ledger: DataFrame) -> tuple[DataFrame, DataF
         *[F.when(F.col("reason") == c, F.col("n")).otherwise(zero).alias(c) for c in COUNTS],
     )
     sums = [F.sum(c).cast(LongType()).alias(c) for c in ("landed", "skipped", *COUNTS)]
-    hourly = landed_h.unionByName(gap_h).groupBy("gateway", "stream", "hour").agg(*sums)
+    per_hour = landed_h.unionByName(gap_h).groupBy("gateway", "stream", "hour").agg(*sums)
     missing_n = sum((F.col(c) for c in COUNTS), zero)
-    table = hourly.select(
+    return per_hour.select(
         "gateway",
         "stream",
         _kind().alias("kind"),
@@ -558,4 +565,3 @@ def completeness(landed: DataFrame, ledger: DataFrame) -> tuple[DataFrame, DataF
         "skipped",
         bucket(F.col("gateway")).alias("bucket"),
     )
-    return table, gap_rows
