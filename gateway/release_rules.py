@@ -152,6 +152,8 @@ class ApplyState:
     candidate: Candidate | None = None
     newest: int = 0  # the newest version applied or marked bad (rollback protection)
     bad: tuple[int, ...] = ()
+    # Why the last release was refused or rolled back: kept while the next one is under
+    # way (an operator watching a revert still sees why), cleared when one commits.
     last_error: str | None = None
     refused: tuple[int, str] | None = None  # (version, envelope digest) of the last refusal
     attempts: int = 0  # starts in trial
@@ -263,9 +265,7 @@ def fetched(state: ApplyState, version: int, sha256: str, envelope: str, digest:
     if arrival(state, version, sha256, digest) != "new":
         raise ApplyRuleError(f"version {version} is not new here")
     cand = Candidate(version, sha256, envelope, digest)
-    return replace(state, phase="fetched", candidate=cand, last_error=None), Audit(
-        "fetched", version
-    )
+    return replace(state, phase="fetched", candidate=cand), Audit("fetched", version)
 
 
 def verified(state: ApplyState) -> Step:

@@ -64,6 +64,14 @@ def test_a_rollback_marks_the_version_bad_and_keeps_the_old_one() -> None:
         "rolled_back", 7, (8,), 8, None
     )  # fmt: skip
     assert rules.arrival(st, 8, "b" * 64, "d1") == "known_bad"
+    # The revert (a newer version) under way still says why 8 went; its commit clears it.
+    st, _ = rules.fetched(st, 9, "c" * 64, "{}", "d2")
+    for fn in (rules.verified, rules.staged):
+        st, _ = fn(st)
+    assert st.last_error == "release 8 failed its trial: sensors: 0 of 1 read", st
+    st, _ = rules.trial_started(rules.switched(st, B)[0])
+    st, _ = rules.committed(st)
+    assert (st.version, st.last_error) == (9, None), st
 
 
 def test_arrivals() -> None:
