@@ -7,7 +7,7 @@ a benchmark) with the log on and uncompressed::
       --conf spark.eventLog.dir=file:///tmp/ev \\
       --conf spark.eventLog.compress=false pyspark-shell"
     python bench/pipeline.py --fleet --histories 1e6 --streams 100
-    python -m devkit.sparkprofile /tmp/ev/*/events_1_* [--since EPOCH_S] [--until EPOCH_S]
+    python -m devkit.sparkprofile /tmp/ev/eventlog_v2_* [--since EPOCH_S] [--until EPOCH_S]
 
 Each line: the execution's wall seconds, the table it writes (the last folder of its
 ``InsertIntoHadoopFsRelationCommand``), the tables it reads (file scans; a cached or
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,25 +49,36 @@ def _table(path: str) -> str:
     return _PARTITION.sub("", path.rstrip("/")).rsplit("/", 1)[-1]
 
 
+def _lines(log: Path) -> Iterator[str]:
+    """A log file's lines, or a rolling log's (Spark 4's ``eventlog_v2_*`` folder: its
+    ``events_N_*`` files in order)."""
+    parts = [log]
+    if log.is_dir():
+        parts = sorted(log.glob("events_*"), key=lambda p: int(p.name.split("_")[1]))
+    for part in parts:
+        with part.open() as f:
+            yield from f
+
+
 def executions(log: Path) -> list[Execution]:
-    """The SQL executions an event log (JSON lines, uncompressed) records, by id."""
+    """The SQL executions an event log (JSON lines, uncompressed; a file or a rolling
+    log's folder) records, by id."""
     found: dict[int, Execution] = {}
-    with log.open() as f:
-        for line in f:
-            e = json.loads(line)
-            kind = e.get("Event", "")
-            if kind.endswith("SQLExecutionStart"):
-                plan = e.get("physicalPlanDescription", "")
-                found[e["executionId"]] = Execution(
-                    e["executionId"],
-                    e["time"],
-                    writes=[_table(p) for p in _WRITE.findall(plan)],
-                    reads=sorted({_table(p) for p in _SCAN.findall(plan)}),
-                    windows=plan.count("Window ("),
-                    generates=plan.count("Generate ("),
-                )
-            elif kind.endswith("SQLExecutionEnd") and e["executionId"] in found:
-                found[e["executionId"]].end_ms = e["time"]
+    for line in _lines(log):
+        e = json.loads(line)
+        kind = e.get("Event", "")
+        if kind.endswith("SQLExecutionStart"):
+            plan = e.get("physicalPlanDescription", "")
+            found[e["executionId"]] = Execution(
+                e["executionId"],
+                e["time"],
+                writes=[_table(p) for p in _WRITE.findall(plan)],
+                reads=sorted({_table(p) for p in _SCAN.findall(plan)}),
+                windows=plan.count("Window ("),
+                generates=plan.count("Generate ("),
+            )
+        elif kind.endswith("SQLExecutionEnd") and e["executionId"] in found:
+            found[e["executionId"]].end_ms = e["time"]
     return [found[k] for k in sorted(found)]
 
 
@@ -82,7 +94,7 @@ def report(runs: list[Execution]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("log", type=Path, help="an uncompressed Spark event log file")
+    ap.add_argument("log", type=Path, help="an uncompressed Spark event log (a file or folder)")
     ap.add_argument("--since", type=float, help="only executions started at or after (epoch s)")
     ap.add_argument("--until", type=float, help="only executions started before (epoch s)")
     args = ap.parse_args()

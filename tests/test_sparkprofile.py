@@ -40,6 +40,8 @@ def test_each_execution_names_the_table_it_writes_and_the_tables_it_reads(tmp_pa
     subprocess.run([sys.executable, "-c", job], check=True, cwd=ROOT, timeout=240)
     [log] = [p for p in logs.rglob("events_*") if p.is_file()]
     runs = sparkprofile.executions(log)
+    # A rolling log's folder reads as its one part does.
+    assert [x.id for x in sparkprofile.executions(log.parent)] == [x.id for x in runs]
     writes = [r for r in runs if r.writes]
     assert [r.writes for r in writes] == [["first"], ["second"]]
     assert writes[0].reads == [] and writes[0].windows == 0
