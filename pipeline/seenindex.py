@@ -353,58 +353,6 @@ def build_runs(segments: DataFrame) -> DataFrame:
     )
 
 
-def runs_of(kept: DataFrame) -> DataFrame:
-    """``build_runs(position_segments(kept))``, the same rows, without sorting every
-    position: a stream whose kept positions form one run (a node's in nearly every
-    batch: consecutive messages of one size) is built by one aggregate; only the other
-    streams' positions go through ``build_runs``' windows.
-
-    One run, by counting: with ``w`` the largest index plus one, ``a`` the first
-    position's index and ``b`` the last's, every kept position lies in the run from the
-    first to the last position of width ``w``; the stream's positions are distinct (a
-    position is its id's), so they are that whole run exactly when there are as many
-    as it claims. ``build_runs`` makes the same run of them: the first message is one
-    piece ``a..w-1``, the full messages after it fit it, the last one (``0..b``) too."""
-    k = F.lit(POS_SCALE).cast(LongType())
-    per = kept.groupBy(*KEY).agg(
-        F.count(F.lit(1)).alias("n"),
-        F.min("pos").alias("lo"),
-        F.max("pos").alias("hi"),
-        (F.max(F.col("pos") % k) + 1).alias("w"),
-        F.max(last_copy(F.col("received"), F.col("gateway"))).alias("last"),
-        F.min("ts").alias("ts_lo"),
-        F.max("ts").alias("ts_hi"),
-        F.min("date").alias("date_lo"),
-        F.max("date").alias("date_hi"),
-        F.min(F.col("batch").cast(LongType())).alias("batch_lo"),
-        F.max(F.col("batch").cast(LongType())).alias("batch_hi"),
-    )
-    s_lo, s_hi = F.expr(f"lo div {POS_SCALE}"), F.expr(f"hi div {POS_SCALE}")
-    a, b, w = F.col("lo") % k, F.col("hi") % k, F.col("w")
-    claimed = F.when(s_lo == s_hi, b - a + 1).otherwise((w - a) + (s_hi - s_lo - 1) * w + b + 1)
-    per = per.withColumn("one", F.col("n") == claimed).localCheckpoint(eager=True)
-    one = per.where(F.col("one")).select(
-        *KEY,
-        "lo",
-        "hi",
-        F.col("w").cast(IntegerType()).alias("width"),
-        F.lit(True).alias("exact"),
-        F.col("n").cast(LongType()).alias("n"),
-        F.col("last.received").alias("last_received"),
-        F.col("last.gateway").alias("last_gateway"),
-        "ts_lo",
-        "ts_hi",
-        "date_lo",
-        "date_hi",
-        "batch_lo",
-        "batch_hi",
-        _stream_bucket().alias("bucket"),
-    )
-    several = F.broadcast(per.where(~F.col("one")).select(*KEY))
-    rest = kept.join(several, on=KEY, how="left_semi")
-    return one.unionByName(build_runs(position_segments(rest)))
-
-
 def bounded(runs: DataFrame) -> DataFrame:
     """Each stream in at most ``MAX_EXACT`` exact runs, or else in one envelope.
 

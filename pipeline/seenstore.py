@@ -206,7 +206,7 @@ class SeenStore:
         )
         runs = None
         for part in (kept.where(F.col("batch") < last), kept.where(F.col("batch") == last)):
-            built = seenindex.runs_of(part)
+            built = seenindex.build_runs(seenindex.position_segments(part))
             runs = built if runs is None else runs.unionByName(built)
         exceptions = old.join(
             with_pos.where(F.col("pos").isNull() | (F.col("copies") > 1)).select("id"),

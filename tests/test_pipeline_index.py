@@ -146,61 +146,6 @@ def test_runs_follow_the_rule_in_one_go_and_batch_by_batch(spark: Any) -> None:
     assert sum(r[-1] for r in duck) == len(pos)
 
 
-def test_runs_of_makes_the_rows_the_windows_make(spark: Any) -> None:
-    """``runs_of`` (one aggregate per stream whose positions are one run, the windows for
-    the rest) against ``build_runs`` over every position: the same rows, every column,
-    for streams of one run in each shape (a single message, a first message entered
-    part way, a shorter last one, a gateway's seqs) and of several (a missing message,
-    a bigger one, a hole inside one, a first message shorter than the next), each
-    position with its own copy order, time, date and batch."""
-    one = [
-        ("one-msg", [(7, 5)]),
-        ("full", [(s, 3) for s in range(3, 30)]),
-        ("short-last", [(s, 4) for s in range(10)] + [(10, 2)]),
-    ]
-    several = [
-        ("gap", [(s, 3) for s in range(20) if s != 9]),
-        ("bigger", [(s, 3) for s in range(5)] + [(5, 6)] + [(s, 3) for s in range(6, 9)]),
-        ("growing", [(0, 2), (1, 3), (2, 3)]),
-        ("hole", [(s, 4) for s in range(6)]),
-    ]
-    pos = _positions(one + several)
-    pos = [p for p in pos if p != ("hole", 3001)]
-    pos += [("late-entry", p) for p in (5002, 5003)] + _positions([("late-entry", [(6, 4)])])
-    pos += [("own", s * 1000) for s in range(100, 140)] + [("own-gap", s * 1000) for s in (1, 2, 4)]
-    gateways = ("gw-a", "gw-b", "gw-c")
-    rows = [
-        (
-            *(s, "1", not s.startswith("own"), p),
-            T0 + timedelta(seconds=(k * 7919) % 601) if k % 11 else None,
-            gateways[k % 3],
-            T0 + timedelta(minutes=(k * 31) % 97),
-            f"2026-11-{20 + k % 3}",
-            (k * 13) % 5,
-        )
-        for k, (s, p) in enumerate(pos)
-    ]
-    schema = (
-        "origin string, epoch string, dotted boolean, pos long, received timestamp, "
-        "gateway string, ts timestamp, date string, batch long"
-    )
-    df = spark.createDataFrame(rows, schema)
-    cols = [*seenindex.RANGE_COLUMNS, "bucket"]
-
-    def rows_of(runs: Any) -> list[tuple[Any, ...]]:
-        return sorted(tuple(r) for r in runs.select(*cols).collect())
-
-    windows = rows_of(seenindex.build_runs(seenindex.position_segments(df)))
-    assert rows_of(seenindex.runs_of(df)) == windows
-    per_stream = {s: sum(r[0] == s for r in windows) for s, _ in one + several}
-    per_stream |= {s: sum(r[0] == s for r in windows) for s in ("late-entry", "own", "own-gap")}
-    assert per_stream == {
-        **{s: 1 for s, _ in one},
-        **{"gap": 2, "bigger": 3, "growing": 2, "hole": 2},
-        **{"late-entry": 1, "own": 1, "own-gap": 2},
-    }
-
-
 # ------------------------------------------------------------ a fleet
 
 
