@@ -381,9 +381,10 @@ def test_power_cuts_between_events_and_records_lose_nothing_and_tell_nothing_twi
     started = time.time()
     try:
         for _ in range(4):
-            # The outbox drained after this start's readings went (the floor is raised a
-            # block past them only then, so the next start skips the rest of the block):
-            # a few of them delivered, whatever the machine's load ...
+            # A few of this start's readings delivered, whatever the machine's load: the
+            # floor is raised a block past its seqs only when a delivery empties the
+            # outbox (which a live uplink does between the sensor's readings), and only
+            # then does the next start skip the rest of the block ...
             assert wait_until(lambda t=started: delivered_since(t) >= 3, 60), "none delivered"
             time.sleep(rng.uniform(0.5, 2.0))  # ... then the moment of the cut
             assert gw.proc is not None
