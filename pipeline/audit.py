@@ -36,16 +36,21 @@ def delivered(spark: SparkSession, warehouse: str | Path) -> Delivered:
 
 
 def landed(landing: Path, rolled_only: bool = True) -> collections.Counter[str]:
-    """Reading ids in the landing zone's rolled files (what Spark would see)."""
+    """Reading ids in the landing zone's rolled files (what Spark would see), and with
+    ``rolled_only`` false in the files still open too (their complete lines: the ingest
+    may be writing the last one)."""
     counts: collections.Counter[str] = collections.Counter()
-    files = list(landing.glob("date=*/*.jsonl"))
+    files = [(f, False) for f in landing.glob("date=*/*.jsonl")]
     if not rolled_only:
-        files += list((landing / "_incoming" / "readings").glob("*.jsonl"))
-    for f in files:
+        files += [(f, True) for f in (landing / "_incoming" / "readings").glob("*.jsonl")]
+    for f, still_open in files:
         try:
             text = f.read_text()
         except FileNotFoundError:  # rolled away between the listing and the read
             continue
-        for line in text.splitlines():
+        lines = text.split("\n")
+        if still_open or lines[-1] == "":
+            lines.pop()  # the line being written, or the empty end after the last newline
+        for line in lines:
             counts[json.loads(line)["id"]] += 1
     return counts

@@ -196,3 +196,19 @@ def test_the_sweep_in_bench_runs_and_the_old_recovery_fails_it() -> None:
     rows = {ln.split()[0]: ln.split()[1:] for ln in res.stdout.splitlines() if ln[:14].strip()}
     assert rows["now"] == ["0", "0", "0", "0"], res.stdout
     assert int(rows["9dbb07f"][3]) > 0, res.stdout
+
+
+def test_the_audit_counts_an_open_file_s_whole_lines_only(tmp_path: Path) -> None:
+    """A file the ingest is still writing ends, between two writes, inside a line: the
+    audit (what the end-to-end tests count landed readings with) counts the lines
+    before it and does not fail on it; a rolled file's lines are all counted."""
+    incoming = tmp_path / "landing" / "_incoming" / "readings"
+    incoming.mkdir(parents=True)
+    whole = message(1, readings=3)
+    (incoming / "open.jsonl").write_bytes(whole + message(2, readings=3)[:40])
+    rolled = tmp_path / "landing" / "date=2026-11-24"
+    rolled.mkdir()
+    (rolled / "a.jsonl").write_bytes(message(3, readings=2))
+    got = audit.landed(tmp_path / "landing", rolled_only=False)
+    assert got == {"gw/e/100": 1, "gw/e/101": 1, "gw/e/102": 1, "gw/e/300": 1, "gw/e/301": 1}
+    assert audit.landed(tmp_path / "landing") == {"gw/e/300": 1, "gw/e/301": 1}
