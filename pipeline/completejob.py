@@ -53,7 +53,8 @@ class CompletenessTables:
             earlier = self._earlier(table, schema, batch_id)
             new = kept if earlier is None else kept.join(earlier.select("id"), "id", "left_anti")
             if table == "ledger":
-                rows = C.ledger_rows(new.where(F.col("sensor") == C.LEDGER_SENSOR))
+                ledger = C.ledger_records(new).localCheckpoint(eager=True)
+                rows = C.ledger_rows(ledger)
             else:
                 rows = new.where(F.col("sensor") != C.LEDGER_SENSOR)
                 rows = rows.select(*C.RECORDS_SCHEMA.names)

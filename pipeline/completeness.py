@@ -219,8 +219,10 @@ def kept_records(parsed: DataFrame, batch: int) -> DataFrame:
     )
 
 
-def ledger_rows(records: DataFrame) -> DataFrame:
-    """The ``ledger`` rows of the ``$ledger`` records among ``kept_records``' rows."""
+def ledger_records(records: DataFrame) -> DataFrame:
+    """The ``$ledger`` records among ``kept_records``' rows, their record parsed (``r``):
+    ``ledger_rows``' input. Its eight branches each read this: materialise it first, or
+    each parses every record's JSON again."""
     rec = F.from_json("record", LEDGER_RECORD)
     parts = F.split("id", "/")
     base = records.where(F.col("sensor") == LEDGER_SENSOR).select(
@@ -232,11 +234,15 @@ def ledger_rows(records: DataFrame) -> DataFrame:
         rec.alias("r"),
         "batch",
     )
-    base = base.where(F.col("seq").isNotNull()).select(
+    return base.where(F.col("seq").isNotNull()).select(
         "*",
         wire_ts(F.col("r.window").getItem(0)).alias("window_start"),
         wire_ts(F.col("r.window").getItem(1)).alias("window_end"),
     )
+
+
+def ledger_rows(base: DataFrame) -> DataFrame:
+    """The ``ledger`` rows of ``ledger_records``' records."""
     head = ["id", "gateway", "epoch", "seq", "ts", "window_start", "window_end"]
     none_s, none_t = F.lit(None).cast(StringType()), F.lit(None).cast(TimestampType())
 

@@ -359,11 +359,7 @@ class Pipeline:
         with_pos = fresh.select(
             "received", "gateway", "ts", "date", "batch", *seenindex.stream_position(F.col("id"))
         )
-        runs = seenindex.bounded(
-            seenindex.build_runs(
-                seenindex.position_segments(with_pos.where(F.col("pos").isNotNull()))
-            )
-        )
+        runs = seenindex.kept_runs(with_pos.where(F.col("pos").isNotNull()))
         pos = seenindex.stream_position(F.col("id"))[3]
         odd = fresh.where(pos.isNull()).drop("kept", "wins")
         rows = transforms.seen_rows(odd)

@@ -364,18 +364,21 @@ def bounded(runs: DataFrame) -> DataFrame:
     run per stretch between its nodes' messages (the landing files do not say which
     seqs carried node readings)."""
     per = Window.partitionBy(*KEY)
-    marked = runs.withColumn(
-        "_wide",
-        (F.count(F.lit(1)).over(per) > F.lit(MAX_EXACT))
-        | (F.min(F.col("exact").cast("int")).over(per) == 0),
+    wide = (F.count(F.lit(1)).over(per) > F.lit(MAX_EXACT)) | (
+        F.min(F.col("exact").cast("int")).over(per) == 0
     )
-    keep = marked.where(~F.col("_wide")).drop("_wide")
-    wide = (
-        marked.where(F.col("_wide"))
-        .groupBy(*KEY)
+    # One aggregate over the window's output, not a union of two filters of it: the
+    # runs' plan (build_runs: its windows and aggregates) would run once per branch.
+    # A wide stream's runs fall in one group; every other run is a group of its own.
+    run = F.when(~F.col("_wide"), F.struct("lo", "hi", "width"))
+    return (
+        runs.withColumn("_wide", wide)
+        .groupBy(*KEY, run.alias("_run"))
         .agg(
+            F.first("_wide").alias("_wide"),
             F.min("lo").alias("lo"),
             F.max("hi").alias("hi"),
+            F.max("width").alias("_width"),
             F.sum("n").alias("n"),
             F.max(F.struct("last_received", "last_gateway")).alias("last"),
             F.min("ts_lo").alias("ts_lo"),
@@ -390,8 +393,11 @@ def bounded(runs: DataFrame) -> DataFrame:
             *KEY,
             "lo",
             "hi",
-            F.lit(POS_SCALE).cast(IntegerType()).alias("width"),
-            F.lit(False).alias("exact"),
+            F.when(F.col("_wide"), F.lit(POS_SCALE))
+            .otherwise(F.col("_width"))
+            .cast(IntegerType())
+            .alias("width"),
+            F.coalesce(~F.col("_wide"), F.lit(False)).alias("exact"),
             F.col("n").cast(LongType()).alias("n"),
             F.col("last.last_received").alias("last_received"),
             F.col("last.last_gateway").alias("last_gateway"),
@@ -404,7 +410,84 @@ def bounded(runs: DataFrame) -> DataFrame:
             "bucket",
         )
     )
-    return keep.unionByName(wide)
+
+
+def kept_runs(kept: DataFrame) -> DataFrame:
+    """``bounded(build_runs(position_segments(kept)))``, without the windows for a stream
+    that cannot be ``MAX_EXACT`` runs or fewer.
+
+    A run chains consecutive messages only, so a stream has at least as many runs as
+    messages that start a stretch (their predecessor has no position kept). Those are
+    counted by hashed aggregates, where a predecessor lies in the same block of 64
+    messages: a bit per message, ``bits & ~(bits << 1)`` (a lower bound, never more than
+    the runs). A stream with more than ``MAX_EXACT`` (in a batch, most: the messages that
+    arrive out of order across a batch's edge leave holes at both ends) becomes the
+    envelope ``bounded`` would make of its runs, from the same aggregates (numbers only:
+    a date as a date, the copy order's time, so that Spark hashes rather than sorts),
+    then the largest gateway among its copies at that time. Only the other streams are
+    sorted through the windows. ``kept``: as for ``position_segments``."""
+    received = F.coalesce(F.col("received"), F.lit(NEVER).cast(TimestampType()))
+    blocks = kept.groupBy(*KEY, F.expr(f"pos div {POS_SCALE * 64}").alias("_block")).agg(
+        F.bit_or(F.expr(f"shiftleft(1L, cast((pos div {POS_SCALE}) % 64 as int))")).alias("_bits"),
+        F.min("pos").alias("lo"),
+        F.max("pos").alias("hi"),
+        F.count(F.lit(1)).alias("n"),
+        F.max(received).alias("last_received"),
+        F.min("ts").alias("ts_lo"),
+        F.max("ts").alias("ts_hi"),
+        F.min(F.to_date("date")).alias("day_lo"),
+        F.max(F.to_date("date")).alias("day_hi"),
+        F.min("batch").alias("batch_lo"),
+        F.max("batch").alias("batch_hi"),
+    )
+    bits = F.col("_bits")
+    starts = F.bit_count(bits.bitwiseAND(F.bitwise_not(F.shiftleft(bits, 1))).bitwiseAND(-2))
+    wide = (
+        blocks.groupBy(*KEY)
+        .agg(
+            F.sum(starts).alias("_starts"),
+            F.min("lo").alias("lo"),
+            F.max("hi").alias("hi"),
+            F.sum("n").alias("n"),
+            F.max("last_received").alias("last_received"),
+            F.min("ts_lo").alias("ts_lo"),
+            F.max("ts_hi").alias("ts_hi"),
+            F.min("day_lo").alias("day_lo"),
+            F.max("day_hi").alias("day_hi"),
+            F.min("batch_lo").alias("batch_lo"),
+            F.max("batch_hi").alias("batch_hi"),
+        )
+        .where(F.col("_starts") > F.lit(MAX_EXACT))
+        .localCheckpoint(eager=True)
+    )
+    if not wide.count():
+        return bounded(build_runs(position_segments(kept)))
+    at = F.broadcast(wide.select(*KEY, F.col("last_received").alias("_at")))
+    few = kept.join(at, on=KEY, how="left_anti")
+    gateway = (
+        kept.join(at, on=KEY)
+        .where(received == F.col("_at"))
+        .groupBy(*KEY)
+        .agg(F.max(F.coalesce(F.col("gateway"), F.lit(""))).alias("last_gateway"))
+    )
+    envelopes = wide.join(gateway, on=KEY).select(
+        *KEY,
+        "lo",
+        "hi",
+        F.lit(POS_SCALE).cast(IntegerType()).alias("width"),
+        F.lit(False).alias("exact"),
+        F.col("n").cast(LongType()).alias("n"),
+        "last_received",
+        "last_gateway",
+        "ts_lo",
+        "ts_hi",
+        F.date_format("day_lo", "yyyy-MM-dd").alias("date_lo"),
+        F.date_format("day_hi", "yyyy-MM-dd").alias("date_hi"),
+        F.col("batch_lo").cast(LongType()).alias("batch_lo"),
+        F.col("batch_hi").cast(LongType()).alias("batch_hi"),
+        _stream_bucket().alias("bucket"),
+    )
+    return bounded(build_runs(position_segments(few))).unionByName(envelopes)
 
 
 def merge_runs(runs: DataFrame) -> DataFrame:

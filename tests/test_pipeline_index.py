@@ -146,6 +146,82 @@ def test_runs_follow_the_rule_in_one_go_and_batch_by_batch(spark: Any) -> None:
     assert sum(r[-1] for r in duck) == len(pos)
 
 
+def test_bounded_keeps_a_few_runs_and_wraps_the_rest_in_one_envelope(spark: Any) -> None:
+    """A stream of more than ``MAX_EXACT`` runs, or holding an envelope, becomes one
+    envelope: the span of its runs, their count, the largest copy order and the widest
+    bounds; a stream of a few exact runs keeps each of them as it was."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    k, day = seenindex.POS_SCALE, datetime(2026, 11, 20, tzinfo=UTC)
+
+    def run(o: str, lo: int, hi: int, w: int, exact: bool, n: int, j: int) -> tuple[Any, ...]:
+        t, d = day + timedelta(hours=j), f"2026-11-{20 + j % 4}"
+        return (o, "1", True, lo, hi, w, exact, n, t, f"gw{j % 3}", t, t, d, d, j, j + 1, 0)
+
+    many = [run("a", s * 10 * k, s * 10 * k + 2 * k + 2, 3, True, 9, s) for s in range(9)]
+    few = [run("b", 0, 4 * k + 2, 3, True, 15, 1), run("b", 9 * k, 9 * k, 1, True, 1, 2)]
+    mixed = [run("c", 0, 5 * k, k, False, 4, 5), run("c", 7 * k, 8 * k + 1, 2, True, 4, 6)]
+    schema = StructType(seenindex.RANGES_SCHEMA.fields[:-1])
+    out = seenindex.bounded(spark.createDataFrame(many + few + mixed, schema))
+    epoch = [F.unix_seconds(c).alias(c) for c in ("last_received", "ts_lo", "ts_hi")]
+    cols = [F.col(c) for c in seenindex.RANGE_COLUMNS]
+    cols[8], cols[10], cols[11] = epoch
+    got = sorted(tuple(r) for r in out.select(*cols).collect())
+
+    def s(t: datetime) -> int:
+        return int(t.timestamp())
+
+    b = [(*r[:8], s(r[8]), r[9], s(r[10]), s(r[11]), *r[12:]) for r in few]
+    assert got == sorted(
+        [
+            # more than MAX_EXACT runs: one envelope, the largest copy order, all bounds
+            ("a", "1", True, 0, 82 * k + 2, k, False, 81, s(day) + 8 * 3600, "gw2",
+             s(day), s(day) + 8 * 3600, "2026-11-20", "2026-11-23", 0, 9, 0),
+            *b,  # a few exact runs: as they were
+            ("c", "1", True, 0, 8 * k + 1, k, False, 8, s(day) + 6 * 3600, "gw0",
+             s(day) + 5 * 3600, s(day) + 6 * 3600, "2026-11-21", "2026-11-22", 5, 7, 0),
+        ]
+    )  # fmt: skip
+
+
+def test_kept_runs_by_aggregate_equal_the_windows_on_every_column(spark: Any) -> None:
+    """``kept_runs`` (a stream of many stretches made an envelope by aggregates) gives
+    the rows ``bounded(build_runs(...))`` gives, every column: a stream of 12 stretches,
+    one of one stretch but more than MAX_EXACT runs (holes inside its messages), one of
+    a few runs, a gateway's seqs; copies received at the same time by two gateways, or
+    never (a null), over two dates and batches."""
+    from pyspark.sql import functions as F
+
+    every_other = [(s, 3) for s in range(0, 24, 2)]  # 12 stretches
+    pos = _positions([("w", every_other), ("f", [(s, 3) for s in range(9) if s != 4])])
+    pos += [("r", s * 1000 + i) for s in range(12) for i in (0, 2)]  # a hole in each
+    pos += [("g", s * 1000) for s in range(50) if s % 5]  # 10 stretches of 4
+    rows = []
+    for k, (st, p) in enumerate(pos):
+        t = T0 + timedelta(minutes=k * 40)
+        received = None if k % 7 == 3 else T0 + timedelta(seconds=k % 4)
+        rows.append((st, "1", st != "g", p, received, f"gw{k % 3}", t,
+                     t.strftime("%Y-%m-%d"), k % 5))  # fmt: skip
+    schema = (
+        "origin string, epoch string, dotted boolean, pos long, received timestamp, "
+        "gateway string, ts timestamp, date string, batch long"
+    )
+    kept = spark.createDataFrame(rows, schema)
+    cols = [
+        F.unix_micros(c).alias(c) if c in ("last_received", "ts_lo", "ts_hi") else F.col(c)
+        for c in seenindex.RANGE_COLUMNS
+    ]
+    windows = seenindex.bounded(seenindex.build_runs(seenindex.position_segments(kept)))
+    want = sorted(tuple(r) for r in windows.select(*cols).collect())
+    got = sorted(tuple(r) for r in seenindex.kept_runs(kept).select(*cols).collect())
+    assert got == want
+    shapes = {(r[0], r[6]) for r in got}  # (stream, exact)
+    assert shapes == {("w", False), ("r", False), ("g", False), ("f", True)}
+    assert {r[9] for r in got if not r[6]} <= {"gw0", "gw1", "gw2"}
+    assert {r[12] for r in got} != {r[13] for r in got}  # two dates
+
+
 # ------------------------------------------------------------ a fleet
 
 
