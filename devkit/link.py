@@ -9,9 +9,11 @@ refused, while both ends stay up.
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import struct
 import threading
+import time
 
 
 class Forwarder:
@@ -103,6 +105,38 @@ class LinkProxy(Forwarder):
     def close(self) -> None:
         super().close()
         self.cut()
+
+
+class SlowLink(Forwarder):
+    """A link with ``delay`` seconds of latency each way (a cellular or satellite uplink:
+    a round trip of twice that), its bytes in order; bandwidth is not limited."""
+
+    def __init__(self, target_port: int, delay: float, host: str = "127.0.0.1") -> None:
+        self.delay = delay
+        super().__init__(target_port, host, name="slow-link")
+
+    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
+        for a, b in ((client, upstream), (upstream, client)):
+            chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+            threading.Thread(target=self._read, args=(a, chunks), daemon=True).start()
+            threading.Thread(target=self._write, args=(chunks, b), daemon=True).start()
+
+    def _read(self, src: socket.socket, chunks: queue.SimpleQueue[tuple[float, bytes]]) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                chunks.put((time.monotonic() + self.delay, data))
+        chunks.put((time.monotonic() + self.delay, b""))  # the end, delayed like the bytes
+
+    def _write(self, chunks: queue.SimpleQueue[tuple[float, bytes]], dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                due, data = chunks.get()
+                time.sleep(max(0.0, due - time.monotonic()))
+                if not data:
+                    break
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
 
 
 def _reset(s: socket.socket) -> None:

@@ -261,6 +261,8 @@ class StatusPublisher:
         # Set when the gateway stops to re-execute itself (a release's switch or rollback):
         # the stop then says so in an online status, not "offline" (below, ``_stopped``).
         self.restarting = False
+        self._closing = asyncio.Event()  # ``close()``: say goodbye, disconnect, end
+        self._task: asyncio.Task[Any] | None = None
 
     def sampled(self, stats: dict[str, Any]) -> None:
         """The gateway's backlog sample: fresh store figures, so look for a change."""
@@ -298,9 +300,27 @@ class StatusPublisher:
             timeout=PUBLISH_TIMEOUT_S,
         )
 
+    async def close(self, timeout: float = 3 * STOP_TIMEOUT_S + 2) -> bool:
+        """The clean stop: the goodbye (``_stopped``) published, then a DISCONNECT, so
+        the broker keeps the Will; True if ``run()`` ended within ``timeout`` (the caller
+        cancels it otherwise, and the Will says offline).
+
+        Not done in ``run()``'s cancellation: the gateway's stop cancels its chores again
+        every 0.25 s until they end (sync/running.cancel_all), which cut the goodbye short
+        whenever its PUBACK took longer (a loaded gateway, a cellular link): the status
+        read "offline" (the Will) during every release switch, and a rollout counted the
+        gateway silent."""
+        self._closing.set()
+        self._wake.set()
+        if self._task is None:
+            return True
+        done, _ = await asyncio.wait({self._task}, timeout=timeout)
+        return bool(done)
+
     async def run(self) -> None:
+        self._task = asyncio.current_task()
         await reconnecting(
-            asyncio.Event(),  # never set: the gateway stops it by cancelling the task
+            self._closing,  # set by close(); a cancel (the stop's net) also ends it
             self._connection,
             self._failed,
             backoff=Backoff(base=0.5, cap=60.0),
@@ -315,14 +335,13 @@ class StatusPublisher:
                 if self.last_error:
                     log.info("status link to %s is back", self.url)
                 self.last_error = None
-                try:
+                if not self._closing.is_set():
                     await self._publish(client, await self.snapshot(self._stats), "connected")
                     for topic in self.subscriptions:
                         await client.subscribe(topic, qos=1)
                     await self._loop(client)
-                except asyncio.CancelledError:
-                    await self._stopped(client)
-                    raise
+                await self._stopped(client)
+                _keep_the_disconnect(client)
         except aiomqtt.MqttError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():  # a failed DISCONNECT while stopping
@@ -342,7 +361,7 @@ class StatusPublisher:
         # one), not at the next publish: a restarted broker may have lost the retained one.
         lost = asyncio.ensure_future(_until_lost(client, self.on_message))
         try:
-            while True:
+            while not self._closing.is_set():
                 idle = st.heartbeat_s - (time.monotonic() - self._last_at)
                 wake = asyncio.ensure_future(self._wake.wait())
                 done, _ = await asyncio.wait(
@@ -351,6 +370,8 @@ class StatusPublisher:
                 wake.cancel()
                 if lost in done:
                     lost.result()
+                if self._closing.is_set():
+                    return
                 self._wake.clear()
                 snap = await self.snapshot(self._stats)
                 since = time.monotonic() - self._last_at
@@ -403,6 +424,18 @@ class StatusPublisher:
             )
         except (aiomqtt.MqttError, TimeoutError) as exc:
             log.warning("status: the offline message was not sent (%s); the Will says it", exc)
+
+
+def _keep_the_disconnect(client: aiomqtt.Client) -> None:
+    """Stop aiomqtt's keepalive task before the DISCONNECT is queued. paho-mqtt 2.2's
+    keepalive check (``_check_keepalive``), run by that task every second, closes the
+    socket when a keepalive falls due while the client is disconnecting, dropping the
+    DISCONNECT still queued: the broker then publishes the Will ("offline") although the
+    stop was clean. Its ticks line up with the status changes (both count whole seconds
+    from the start), so this happened at about one release switch in six."""
+    task = getattr(client, "_misc_task", None)
+    if isinstance(task, asyncio.Task) and not task.done():
+        task.cancel()
 
 
 async def _until_lost(

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import time
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ from pubcomp.sync.uplink import Uplink, UplinkConfig
 from pubcomp.sync.wire import parse_key
 
 from ..sync.faults import crash_point
-from ..sync.running import cancel_all, run_until_stopped
+from ..sync.running import Stop, cancel_all, run_until_stopped
 from .clock import ClockWatch, correct_waiting, kernel_check
 from .commitlog import CommitLog
 from .config import GatewayConfig
@@ -73,6 +74,7 @@ class Chores:
     def __init__(self) -> None:
         self.tasks: list[asyncio.Task[Any]] = []
         self.dead: dict[str, str] = {}
+        self.stopping = False  # set at the gateway's stop: chores then end as asked
 
     def start(self, name: str, coro: Any) -> asyncio.Task[Any]:
         return self.watch(asyncio.create_task(coro, name=name))
@@ -83,7 +85,7 @@ class Chores:
         return task
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
-        if task.cancelled():  # a stop
+        if task.cancelled() or self.stopping:  # a stop
             return
         exc = task.exception()
         why = f"{type(exc).__name__}: {exc}" if exc is not None else "returned"
@@ -265,6 +267,9 @@ class Gateway:
                 self.notifier.reloading(f"{self.reexec}: committing and disconnecting")
             else:
                 self.notifier.stopping("stopping: committing and disconnecting")
+            self.chores.stopping = True
+            if self.status_link is not None:
+                await self.status_link.close()  # its goodbye whole, not cut by a cancel
             await cancel_all(self.chores.tasks)
             if self.ingress is not None:
                 await self.ingress.close()
@@ -530,10 +535,20 @@ def run(cfg: GatewayConfig, boot: Boot | None = None) -> int:
     rollback ends the run cleanly, then this process is replaced (``reexec``)."""
     gateway: Gateway | None = None
 
-    async def work(stop: asyncio.Event) -> int:
+    async def work(stop: Stop) -> int:
         nonlocal gateway
         gateway = Gateway(cfg, boot=boot)
-        return await gateway.run(stop)
+        code = await gateway.run(stop)
+        if gateway.reexec and stop.signal is not None:
+            # Asked to stop while stopping to start again (``systemctl stop`` during a
+            # switch): stop. The next start takes the release on where its state says.
+            log.warning(
+                "%s during the %s: stopping, not starting again",
+                signal.Signals(stop.signal).name,
+                gateway.reexec,
+            )
+            gateway.reexec = None
+        return code
 
     code = 0
     with contextlib.suppress(KeyboardInterrupt):

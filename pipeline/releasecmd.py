@@ -148,6 +148,38 @@ def fleet_plan(args: argparse.Namespace) -> int:
 APPLYING = ("fetched", "verified", "staged", "switched", "trial", "rolling_back")
 
 
+# Its last online status said it stops to start again (gateway/release_apply.py): the
+# connection that then ends is expected to, whatever the broker saw of it.
+RESTARTING = ("switched", "rolling_back")
+
+
+def judge_release(n: int, seen: Seen | None, since: float) -> tuple[ro.State, str]:
+    """A gateway's state in the rollout of release ``n``, published to it at ``since``."""
+    label = f"release {n}"
+    if seen is None:
+        return "sent", "no status yet"
+    if n in seen.bad:
+        return "failed", f"marked {n} bad: {seen.last_error or 'rolled back'}"
+    if seen.version == n and seen.state == "committed":
+        return "committed", f"committed {n}"
+    if seen.at < since:
+        return "sent", f"published {label}"
+    if not seen.online and seen.state in RESTARTING:
+        # Its Will (a DISCONNECT lost, a stop cut short): the new process says more, or
+        # the wave's timeout fails it.
+        return "applying", f"{seen.state}, starting again (offline meanwhile)"
+    if not seen.online:
+        return "silent", "went offline during its wave"
+    if seen.state == "rolled_back":
+        return "failed", f"rolled back: {seen.last_error or '-'}"
+    if seen.state == "refused" and f"release {n}" in (seen.last_error or ""):
+        return "failed", f"refused: {seen.last_error}"
+    runs = f"release {seen.version}" if seen.version else "its local --config"
+    if seen.version == n or seen.state in APPLYING:
+        return "applying", f"{seen.state or '?'} (runs {runs})"
+    return "sent", f"published {label}; runs {runs} ({seen.state})"
+
+
 class ReleaseSubject:
     """A gateway configuration release as a rollout's subject (pipeline/rollout.py)."""
 
@@ -177,25 +209,7 @@ class ReleaseSubject:
         )
 
     def judge(self, seen: Seen | None, since: float) -> tuple[ro.State, str]:
-        n = self.entry.version
-        if seen is None:
-            return "sent", "no status yet"
-        if n in seen.bad:
-            return "failed", f"marked {n} bad: {seen.last_error or 'rolled back'}"
-        if seen.version == n and seen.state == "committed":
-            return "committed", f"committed {n}"
-        if seen.at < since:
-            return "sent", f"published {self.label}"
-        if not seen.online:
-            return "silent", "went offline during its wave"
-        if seen.state == "rolled_back":
-            return "failed", f"rolled back: {seen.last_error or '-'}"
-        if seen.state == "refused" and f"release {n}" in (seen.last_error or ""):
-            return "failed", f"refused: {seen.last_error}"
-        runs = f"release {seen.version}" if seen.version else "its local --config"
-        if seen.version == n or seen.state in APPLYING:
-            return "applying", f"{seen.state or '?'} (runs {runs})"
-        return "sent", f"published {self.label}; runs {runs} ({seen.state})"
+        return judge_release(self.entry.version, seen, since)
 
     async def revert(self, gateways: Sequence[str]) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -24,14 +24,28 @@ log = logging.getLogger(__name__)
 RECANCEL_S = 0.25
 
 
-def run_until_stopped(work: Callable[[asyncio.Event], Awaitable[T]]) -> T:
+class Stop(asyncio.Event):
+    """The event that asks the work to stop; ``signal`` is the signal that set it (None
+    while no signal came: the work may set it itself, as a gateway does to re-execute,
+    and a SIGTERM that comes meanwhile must still end the process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signal: int | None = None
+
+    def signalled(self, signum: int) -> None:
+        self.signal = signum
+        self.set()
+
+
+def run_until_stopped(work: Callable[[Stop], Awaitable[T]]) -> T:
     """Run ``work(stop)`` to its end; a SIGTERM or SIGINT sets ``stop``."""
 
     async def main() -> T:
-        stop = asyncio.Event()
+        stop = Stop()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stop.signalled, sig)
         return await work(stop)
 
     return asyncio.run(main())

@@ -12,6 +12,7 @@ import paho.mqtt.client as mqtt
 from devkit.broker import Mosquitto
 from devkit.gateway_helpers import GatewayProc
 from devkit.ingest_helpers import IngestProc, rejected
+from devkit.link import SlowLink
 from pubcomp.gateway.config import Fleet
 
 from .fleet_helpers import StatusWatcher
@@ -72,6 +73,32 @@ def test_status_is_retained_and_the_will_marks_a_killed_gateway_offline(
         assert watcher.invalid == []
     finally:
         watcher.close()
+
+
+def test_a_clean_stop_over_a_slow_link_says_stopped_not_will(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """A cellular uplink (0.5 s each way): the clean stop's goodbye waits a round trip
+    for its PUBACK, longer than the 0.25 s after which the gateway's stop cancels its
+    chores again (sync/running.cancel_all); the status link is closed before that
+    (``StatusPublisher.close``), so the goodbye is whole and the DISCONNECT follows it.
+    (Not seen failing on the old code here: its goodbye was already on the wire when the
+    second cancel came.)"""
+    link = SlowLink(mosquitto.port, delay=0.5)
+    (tmp_path / "gw").mkdir()
+    gw = GatewayProc(tmp_path / "gw", link.port, gid="gw-slow", sensors=SIM, extra=FAST)
+    watcher = StatusWatcher(mosquitto.port)
+    try:
+        gw.start()
+        online = watcher.wait("gw-slow", lambda m: m["online"], timeout=30)
+        assert gw.terminate() == 0
+        run = online["id"].split("/")[0]
+        last = watcher.wait("gw-slow", lambda m: not m["online"], timeout=30)
+        assert (last["reason"], last["id"].split("/")[0]) == ("stopped", run), last
+        assert watcher.all("gw-slow")[-1]["id"] == last["id"]  # no Will after it
+    finally:
+        watcher.close()
+        link.close()
 
 
 def test_status_keys_are_validated_like_the_others(tmp_path: Path) -> None:

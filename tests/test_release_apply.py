@@ -13,9 +13,11 @@ from pathlib import Path
 from devkit import hooked
 from devkit.broker import Mosquitto, free_port
 from devkit.gateway_helpers import PahoNode
+from devkit.link import SlowLink
 from devkit.node_helpers import wait_until
 from pubcomp.sync import release
 
+from .fleet_helpers import StatusWatcher
 from .release_helpers import PREFIX, Audit, ReleaseGateway, Signer, exactly_once, publish
 
 GID = "gw-rel"
@@ -162,4 +164,67 @@ def test_current_set_back_by_hand_while_stopped_runs_and_is_recorded(
         assert (gw.release_dir / "current").read_text() == "1\n"
     finally:
         audit.stop()
+    assert gw.terminate() == 0
+
+
+def test_switches_keep_the_gateway_online_at_the_broker(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """Four releases, each a re-execution: before each, the status says ``switched``
+    (the goodbye, sent whole), the stop's DISCONNECT reaches the broker, and no offline
+    message (the Will) ever appears, so a rollout never sees the gateway leave. Seen
+    failing (a Will at about one switch in six) while paho-mqtt's keepalive check could
+    close the socket with the DISCONNECT still queued (gateway/fleetstatus.py)."""
+    watcher = StatusWatcher(mosquitto.port)
+    gw, signer = _gateway(tmp_path, mosquitto.port)
+    gw.start()
+    try:
+        for v in range(1, 5):
+            text = gw.fleet_text(sensors=[COUNTER, SINE] if v % 2 else [COUNTER])
+            publish(
+                mosquitto.port, release.release_topic(PREFIX, GID), signer.release(GID, v, text)
+            )
+            gw.wait_release(state="committed", version=v, timeout=90)
+        said = watcher.all(GID)
+        offline = [(m["reason"], m["id"]) for m in said if not m["online"]]
+        assert offline == [], offline
+        runs = {m["id"].split("/")[0] for m in said}
+        switched = {
+            m["id"].split("/")[0]
+            for m in said
+            if (m.get("release") or {}).get("state") == "switched"
+        }
+        assert len(runs) == 5 and len(switched) == 4, said  # each process but the last
+        assert "chore" not in gw.tail(200_000), gw.tail()  # no chore "died" at a stop
+    finally:
+        watcher.close()
+    assert gw.terminate() == 0
+    # The broker's own word: every status connection ended with a DISCONNECT.
+    assert f"{GID}-status closed its connection" not in mosquitto.log_path.read_text()
+
+
+def test_a_sigterm_during_a_switch_stops_the_gateway_instead_of_starting_it_again(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """``systemctl stop`` while the gateway stops to re-execute into a release: it must
+    end, not start again (systemd would wait, then SIGKILL it). A slow link (0.5 s each
+    way) keeps the switch's stop open long enough to be hit: its goodbye waits a round
+    trip for its PUBACK. The next start takes the release on where its state says (a
+    trial, then the commit). Old code: the signal only set the stop already set, and the
+    process re-executed and ran on (a CI teardown waited 30 s for it)."""
+    link = SlowLink(mosquitto.port, delay=0.5)
+    gw, signer = _gateway(tmp_path, link.port)
+    gw.start()
+    try:
+        text = gw.fleet_text(sensors=[COUNTER, SINE])
+        publish(mosquitto.port, release.release_topic(PREFIX, GID), signer.release(GID, 1, text))
+        assert wait_until(lambda: "release 1: switched; the gateway starts" in gw.tail(), 60)
+        assert gw.terminate() == 0, gw.tail()
+        log = gw.tail(20_000)
+        assert "SIGTERM during the" in log and "re-executing" not in log, log
+        gw.start()
+        rel = gw.wait_release(state="committed", version=1, timeout=90)
+        assert "sine" in gw.status()["sensors"] and rel["bad"] == []
+    finally:
+        link.close()
     assert gw.terminate() == 0

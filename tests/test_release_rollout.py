@@ -172,6 +172,10 @@ class Fleet:
             f"{gw} commits {versions}: {self.audit.events(gw)}\n{self.gws[gw].tail()}",
         )
 
+    def tails(self) -> str:
+        """Each gateway's log, its end: what a failed rollout's output cannot say."""
+        return "".join(f"\n--- {g} log\n{gw.tail()}" for g, gw in self.gws.items())
+
     def close(self) -> None:
         self.audit.stop()
         for g in self.gws.values():
@@ -220,7 +224,7 @@ def _first_rollout(fleet: Fleet, *gateways: str) -> None:
     """Every gateway on release 1 (the baseline a revert returns to)."""
     fleet.release()
     out = fleet.rollout("--waves", "100%")
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.returncode == 0, out.stdout + out.stderr + fleet.tails()
     for g in gateways or GATEWAYS:
         fleet.committed(g, 1)
 

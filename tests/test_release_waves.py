@@ -5,12 +5,14 @@ at its wave). The real-process rollouts are in tests/test_release_rollout.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
 
 import pytest
 
 from pubcomp.pipeline import rollout as ro
+from pubcomp.pipeline.releasecmd import judge_release
 from pubcomp.sync.releaselink import FleetSeen, Seen
 
 
@@ -128,4 +130,59 @@ def test_a_committed_gateway_that_then_says_nothing_fails_by_the_timeout() -> No
     r = ro.Rules(timeout_s=0.3, settle_s=0.0, revert_timeout_s=0.1)
     subject = Scripted({"a": "committed"})
     result = asyncio.run(ro.roll_out(subject, [["a"]], fleet, silent, r, lines.append))
+    assert result.tracks["a"].state == "timeout" and not result.complete
+
+
+def _statuses(*msgs: dict[str, object]) -> Seen:
+    """A gateway's status messages as the rollout takes them off the broker, in order."""
+    fleet = FleetSeen({"telemetry/g/status": "g"})
+    for i, m in enumerate(msgs):
+        fleet.add("telemetry/g/status", json.dumps(m).encode(), retained=False, now=10.0 + i)
+    return fleet.gateways["g"]
+
+
+def _online(state: str, version: int | None = None) -> dict[str, object]:
+    return {"online": True, "release": {"state": state, "version": version, "bad": []}}
+
+
+WILL = {"online": False, "reason": "will"}
+
+
+def test_a_will_after_the_gateway_said_it_restarts_is_not_silence() -> None:
+    """A switch re-executes the gateway: its status says ``switched``, then the process
+    goes. If the broker then publishes its Will (a DISCONNECT lost: a CI run halted a
+    rollout on "went offline during its wave"), it is starting again; the wave's timeout
+    still fails one that never comes back. A gateway that drops mid-trial is silent."""
+    switching = _statuses(_online("staged"), _online("switched"), WILL)
+    assert judge_release(1, switching, since=5.0)[0] == "applying"
+    rolling = _statuses(_online("trial", 1), _online("rolling_back", 1), WILL)
+    assert judge_release(1, rolling, since=5.0)[0] == "applying"
+    crashed = _statuses(_online("staged"), _online("trial", 1), WILL)
+    assert judge_release(1, crashed, since=5.0) == ("silent", "went offline during its wave")
+    back = _statuses(_online("switched"), WILL, _online("committed", 1))
+    assert judge_release(1, back, since=5.0)[0] == "committed"
+
+
+def test_a_restarting_gateway_that_never_comes_back_times_out() -> None:
+    """The same judgement inside a rollout: once published, the gateway says it switches
+    and its Will follows; applying until the wave's timeout, then a failure (reverted)."""
+    fleet = FleetSeen({"telemetry/a/status": "a"})
+    fleet.add("telemetry/a/status", json.dumps(_online("idle")).encode(), False, 0.0)
+    said: list[dict[str, object]] = [_online("switched"), WILL]
+    states: list[str] = []
+
+    class Release(Scripted):
+        def judge(self, seen: Seen | None, since: float) -> tuple[ro.State, str]:
+            got = judge_release(1, seen, since)
+            states.append(got[0])
+            return got
+
+    async def pump(timeout: float) -> None:
+        await asyncio.sleep(min(timeout, 0.01))
+        if said:
+            fleet.add("telemetry/a/status", json.dumps(said.pop(0)).encode(), False, 1e9)
+
+    r = ro.Rules(timeout_s=0.3, settle_s=0.0, revert_timeout_s=0.1)
+    result = asyncio.run(ro.roll_out(Release({}), [["a"]], fleet, pump, r, lambda _: None))
+    assert "applying" in states and "silent" not in states, states
     assert result.tracks["a"].state == "timeout" and not result.complete
