@@ -306,10 +306,9 @@ class StatusPublisher:
         cancels it otherwise, and the Will says offline).
 
         Not done in ``run()``'s cancellation: the gateway's stop cancels its chores again
-        every 0.25 s until they end (sync/running.cancel_all), which cut the goodbye short
-        whenever its PUBACK took longer (a loaded gateway, a cellular link): the status
-        read "offline" (the Will) during every release switch, and a rollout counted the
-        gateway silent."""
+        every 0.25 s until they end (sync/running.cancel_all), which could cut the
+        goodbye short when its snapshot or its PUBACK took longer (a loaded gateway, a
+        cellular link), and with it the release state a rollout waits on."""
         self._closing.set()
         self._wake.set()
         if self._task is None:
