@@ -109,14 +109,19 @@ class LinkProxy(Forwarder):
 
 class SlowLink(Forwarder):
     """A link with ``delay`` seconds of latency each way (a cellular or satellite uplink:
-    a round trip of twice that), its bytes in order; bandwidth is not limited."""
+    a round trip of twice that), or only on the way back (``up=False``: a congested
+    downlink); its bytes in order, bandwidth not limited."""
 
-    def __init__(self, target_port: int, delay: float, host: str = "127.0.0.1") -> None:
-        self.delay = delay
+    def __init__(
+        self, target_port: int, delay: float, host: str = "127.0.0.1", *, up: bool = True
+    ) -> None:
+        self.delay, self.up = delay, up
         super().__init__(target_port, host, name="slow-link")
 
     def _join(self, client: socket.socket, upstream: socket.socket) -> None:
-        for a, b in ((client, upstream), (upstream, client)):
+        if not self.up:
+            threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+        for a, b in ((client, upstream), (upstream, client))[0 if self.up else 1 :]:
             chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
             threading.Thread(target=self._read, args=(a, chunks), daemon=True).start()
             threading.Thread(target=self._write, args=(chunks, b), daemon=True).start()

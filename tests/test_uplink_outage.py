@@ -24,14 +24,10 @@ readings, so every figure has an exact expected value:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import queue
 import re
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,45 +39,12 @@ import pytest
 from devkit.broker import Mosquitto
 from devkit.checker import Checker
 from devkit.gateway_helpers import GatewayProc
-from devkit.link import Forwarder, pipe
+from devkit.link import SlowLink
 from sync.uplink import UplinkStatus
 
 LATENCY_S = 0.05
 READINGS_PER_MESSAGE = 1
 NODES = {"n1": "pw-1", "n2": "pw-2"}
-
-
-class SlowLink(Forwarder):
-    """A TCP forwarder to the cloud broker with a fixed latency on the way back (a
-    satellite or a congested cellular link); a connection whose broker is gone is
-    closed, one it cannot open is reset."""
-
-    def __init__(self, target_port: int, latency: float) -> None:
-        self.latency = latency
-        super().__init__(target_port, name="slow-link")
-
-    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
-        later: queue.Queue[tuple[float, bytes]] = queue.Queue()
-        threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
-        threading.Thread(target=self._read_into, args=(upstream, later), daemon=True).start()
-        threading.Thread(target=self._write_from, args=(later, client), daemon=True).start()
-
-    def _read_into(self, src: socket.socket, later: queue.Queue[tuple[float, bytes]]) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                later.put((time.monotonic() + self.latency, data))
-        later.put((time.monotonic() + self.latency, b""))
-
-    @staticmethod
-    def _write_from(later: queue.Queue[tuple[float, bytes]], dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                due, data = later.get()
-                time.sleep(max(0.0, due - time.monotonic()))  # the link's latency
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
 
 
 class Node:
@@ -159,7 +122,7 @@ def cloud(tmp_path: Path) -> Iterator[Mosquitto]:
 def test_long_outage_backlog_oldest_age_drain_rate_eta_and_oldest_first(
     tmp_path: Path, cloud: Mosquitto
 ) -> None:
-    link = SlowLink(cloud.port, LATENCY_S)
+    link = SlowLink(cloud.port, LATENCY_S, up=False)  # the latency on the way back
     checker = Checker(cloud.port, "telemetry/#", client_id="outage-checker").start()
     extra = {
         "uplink": {"batch": 1, "linger_ms": 0},
