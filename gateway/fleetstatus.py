@@ -432,7 +432,7 @@ def _keep_the_disconnect(client: aiomqtt.Client) -> None:
     DISCONNECT still queued: the broker then publishes the Will ("offline") although the
     stop was clean. Its ticks line up with the status changes (both count whole seconds
     from the start), so this happened at about one release switch in six."""
-    task = getattr(client, "_misc_task", None)
+    task = getattr(client, "_misc_task", None)  # private: tests/test_fleet_status.py pins it
     if isinstance(task, asyncio.Task) and not task.done():
         task.cancel()
 

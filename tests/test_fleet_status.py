@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import textwrap
 import time
 from pathlib import Path
 
+import aiomqtt
 import paho.mqtt.client as mqtt
 
 from devkit.broker import Mosquitto
@@ -14,6 +16,7 @@ from devkit.gateway_helpers import GatewayProc
 from devkit.ingest_helpers import IngestProc, rejected
 from devkit.link import SlowLink
 from pubcomp.gateway.config import Fleet
+from pubcomp.gateway.fleetstatus import _keep_the_disconnect
 
 from .fleet_helpers import StatusWatcher
 from .test_fleet_view import status
@@ -164,3 +167,23 @@ def test_the_ingest_lands_statuses_apart_and_rejects_what_is_no_status(
     reasons = [r["reason"] for r in rejected(landing)]
     assert sorted(r.split(":")[0] for r in reasons) == ["not_json", "schema"], reasons
     assert not list(landing.glob("date=*/*")), "no status among the readings"
+
+
+def test_the_keepalive_task_the_clean_disconnect_stops_is_there(mosquitto: Mosquitto) -> None:
+    """``fleetstatus._keep_the_disconnect`` stops aiomqtt's keepalive task (paho-mqtt's
+    keepalive check could close the socket with the DISCONNECT queued): a private
+    attribute of aiomqtt's, so an aiomqtt that renames it fails here, not as a Will at
+    one release switch in several."""
+
+    async def check() -> None:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="misc-check") as c:
+            deadline = time.monotonic() + 10
+            while getattr(c, "_misc_task", None) is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # made by a callback after the connect
+            task = getattr(c, "_misc_task", None)
+            assert isinstance(task, asyncio.Task) and not task.done(), task
+            _keep_the_disconnect(c)
+            await asyncio.wait({task}, timeout=10)
+            assert task.cancelled()
+
+    asyncio.run(check())
