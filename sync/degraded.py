@@ -10,9 +10,13 @@ on a SEPARATE session, at least once:
   CleanSession=1): the broker forgets it at disconnect, and it never shares
   a packet id with the main session (packet ids are per session);
 - QoS 1, packet ids in memory only, nothing committed;
-- every outbox row, oldest first (in-flight messages' readings and waiting
-  ones alike), read through the store's read connection, in the same payload
-  format as the main session's messages.
+- every outbox row the store held when the episode began, oldest first
+  (in-flight messages' readings and waiting ones alike), read through the
+  store's read connection, in the same payload format as the main session's
+  messages. Rows committed later (the commit that proves the card healed, a
+  node's message right after it) are the QoS 2 session's alone: the read
+  connection sees them before this loop sees the store writable again, and
+  sending them here would only make copies at the cloud.
 
 When a probe commit succeeds (at most every ``probe_every`` seconds, or any
 other commit does), it disconnects and the uplink resumes its QoS 2 session,
@@ -103,6 +107,7 @@ class DegradedDelivery:
         )
         next_probe = time.monotonic() + self.probe_every
         done_upto = 0  # every reading up to this seq was PUBACKed in this episode
+        held = await asyncio.to_thread(self.store.newest_seq)
         try:
             while not stop.is_set() and not self.store.write_state.writable:
                 if time.monotonic() >= next_probe:
@@ -110,7 +115,7 @@ class DegradedDelivery:
                         break
                     next_probe = time.monotonic() + self.probe_every
                 try:
-                    done_upto = await self._session(stop, done_upto, next_probe)
+                    done_upto = await self._session(stop, done_upto, held, next_probe)
                 except (TransportError, OSError, TimeoutError) as exc:
                     st.last_error = f"{type(exc).__name__}: {exc}"
                     log.warning("degraded delivery: %s", st.last_error)
@@ -132,9 +137,10 @@ class DegradedDelivery:
             await self.commits.submit(self.store.probe_write_in, within=0)
         return self.store.write_state.writable
 
-    async def _session(self, stop: asyncio.Event, done_upto: int, until: float) -> int:
-        """One connection of the degraded session, until ``until`` (monotonic), a stop,
-        or the store writable again; returns how far the PUBACKs got."""
+    async def _session(self, stop: asyncio.Event, done_upto: int, held: int, until: float) -> int:
+        """One connection of the degraded session, sending the rows up to ``held``, until
+        ``until`` (monotonic), a stop, or the store writable again; returns how far the
+        PUBACKs got."""
         conn, _ = await connect(self.link.url, self.opts, clean_start=True, session_expiry=0)
         try:
             cursor = done_upto
@@ -142,7 +148,7 @@ class DegradedDelivery:
             next_pid = 0
             while not stop.is_set() and not self.store.write_state.writable:
                 while len(inflight) < WINDOW:
-                    rows = await asyncio.to_thread(self._next_message, cursor)
+                    rows = await asyncio.to_thread(self._next_message, cursor, held)
                     if not rows:
                         break
                     bodies = [b for _, _, b in rows]
@@ -170,11 +176,12 @@ class DegradedDelivery:
         finally:
             await conn.close(Disconnect())
 
-    def _next_message(self, after_seq: int) -> list[tuple[int, int, bytes]]:
-        """The outbox rows of the next message above ``after_seq``: about a batch of
-        readings within the payload limit (the read connection: no write needed)."""
+    def _next_message(self, after_seq: int, held: int) -> list[tuple[int, int, bytes]]:
+        """The outbox rows of the next message above ``after_seq`` and up to ``held``:
+        about a batch of readings within the payload limit (the read connection: no
+        write needed)."""
         link = self.link
-        rows = self.store.waiting_rows(after_seq, link.batch)
+        rows = self.store.waiting_rows(after_seq, link.batch, upto=held)
         out: list[tuple[int, int, bytes]] = []
         size, count = link.overhead, 0
         for seq, n, body in rows:

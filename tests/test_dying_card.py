@@ -10,6 +10,8 @@ witnessed, and the only duplicates at the cloud are readings the degraded sessio
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import subprocess
 import sys
 import urllib.request
@@ -30,6 +32,8 @@ from devkit.store_helpers import append, append_batches, apply, begin
 from pubcomp.gateway import commitlog
 from pubcomp.gateway.commands import EXIT_STORE_UNWRITABLE
 from pubcomp.gateway.status import verdict
+from pubcomp.sync.client import ConnectOptions
+from pubcomp.sync.degraded import DegradedDelivery
 from pubcomp.sync.session import OutState
 from pubcomp.sync.store import (
     IO_ERRORS,
@@ -40,6 +44,7 @@ from pubcomp.sync.store import (
     StoreUnwritable,
 )
 from pubcomp.sync.store import files as store_files
+from pubcomp.sync.uplink import Uplink, UplinkConfig
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))
 
@@ -303,6 +308,50 @@ def test_a_held_store_reads_refuses_writes_and_opens_for_writing_once_the_card_h
         s.close()
     with Store(db) as again:
         assert again.epoch == epoch and again.stats()["backlog"] == 26
+
+
+def test_degraded_delivery_sends_only_what_the_store_held_when_the_card_failed(
+    disk: PowerCutMount, mosquitto: Mosquitto
+) -> None:
+    """Rows committed after the card heals (the commit that proves it, a node's message
+    right after) belong to the QoS 2 session alone: the degraded session's read
+    connection sees them before its loop sees the store writable, and once sent them
+    as copies (CI: ``test_a_gateway_started_on_a_dying_card...[eio]`` got a node's
+    readings twice). Here the card heals and 5 readings are committed while the degraded
+    session is sending its first message: seen failing (they went out on it)."""
+    with Store(disk.path / "s.db", gateway_id="gw-ro") as s:
+        held = append(s, [Reading("t", i, "2026-11-21T00:00:00.000Z", "C") for i in range(20)])
+        disk.eio()
+        with pytest.raises(StoreUnwritable):
+            append(s, [Reading("t", -1.0, "2026-11-21T00:00:00.000Z", "C")])
+        up = Uplink(s, f"mqtt://127.0.0.1:{mosquitto.port}", ConnectOptions("gw-ro"),
+                    UplinkConfig(batch=2))  # fmt: skip
+        late: list[tuple[int, int]] = []
+        encoded = []
+
+        def encode(bodies: list[bytes]) -> bytes:
+            encoded.append(len(bodies))
+            if not late:  # the card heals and a node's message is committed meanwhile
+                disk.heal()
+                late.append(append(s, [Reading("t", 100.0 + i, "2026-11-21T00:00:01.000Z", "C")
+                                       for i in range(5)]))  # fmt: skip
+            return up.degraded.link.encode(bodies)
+
+        link = dataclasses.replace(up.degraded.link, encode=encode)
+        degraded = DegradedDelivery(s, up.commits, link, lambda _: None, probe_every=60)
+        checker = Checker(mosquitto.port, topic="telemetry/#", client_id="ro-check").start()
+        try:
+            asyncio.run(asyncio.wait_for(degraded.run(asyncio.Event()), 60))
+            assert late and s.write_state.writable
+            assert wait_until(lambda: checker.messages >= len(encoded), 30), checker.messages
+        finally:
+            checker.stop()
+    first, last = held
+    late_ids = {f"gw-ro/{s.epoch}/{q}" for q in range(late[0][0], late[0][1] + 1)}
+    got = set(checker.counts)
+    assert got, "the degraded session sent nothing"
+    assert got <= {f"gw-ro/{s.epoch}/{q}" for q in range(first, last + 1)}
+    assert not got & late_ids, sorted(got & late_ids)
 
 
 @pytest.mark.parametrize(("fault", "kind"), [("readonly", READ_ONLY), ("eio", IO_ERRORS)])

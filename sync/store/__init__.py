@@ -46,6 +46,7 @@ deleted (files.py); 9 end to end, delivered messages kept until landed (sender.p
                               given (the floor, an old file's AUTOINCREMENT counter,
                               the dead letters, the newest row); ``_given`` starts there
     newest_row_end(db)        the last seq of the newest outbox row (0 if empty)
+                              (``newest_seq()`` through the read connection)
     taken_seq()               the highest seq any message holds (in flight, queued,
                               awaiting landing): readings above it wait; the uplink's
                               cursor starts there (``taken_seq_in(db)`` in a transaction)

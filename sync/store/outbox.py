@@ -262,14 +262,17 @@ class Outbox(StoreBase):
 
     # ------------------------------------------------------------ rows out
 
-    def waiting_rows(self, after_seq: int, readings: int) -> list[tuple[int, int, bytes]]:
-        """The oldest rows above ``after_seq`` holding at least ``readings`` readings (or
-        all there are), as (seq, n, encoded readings): what the uplink makes messages of."""
+    def waiting_rows(
+        self, after_seq: int, readings: int, upto: int | None = None
+    ) -> list[tuple[int, int, bytes]]:
+        """The oldest rows above ``after_seq`` (and beginning at or below ``upto``, when
+        given) holding at least ``readings`` readings (or all there are), as (seq, n,
+        encoded readings): what the uplink makes messages of."""
         with self._rlock:
             db = self._rdb
             heads = db.execute(
-                "SELECT seq, n FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
-                (after_seq, readings),
+                "SELECT seq, n FROM outbox WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+                (after_seq, (1 << 62) if upto is None else upto, readings),
             ).fetchall()
             total, last = 0, after_seq
             for seq, n in heads:
@@ -281,6 +284,11 @@ class Outbox(StoreBase):
                 (after_seq, last),
             ).fetchall()
         return [(seq, n, unpack_body(body)) for seq, n, body in rows]
+
+    def newest_seq(self) -> int:
+        """The last seq of the newest outbox row, through the read connection."""
+        with self._rlock:
+            return newest_row_end(self._rdb)
 
     def count_between(self, first_seq: int, last_seq: int) -> int:
         """The readings in the rows that begin between the two seqs (a message's)."""
