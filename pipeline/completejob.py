@@ -72,7 +72,7 @@ class CompletenessTables:
             ledger = spark.createDataFrame([], C.LEDGER_SCHEMA)
         ledger = ledger.where(mine)
         # Materialised once: the table below is built from them, not from their plan
-        # again (which explodes every missing position).
+        # (joins and windows over every stream of the buckets) again.
         gaps = C.missing_ranges(landed, ledger).localCheckpoint(eager=True)
         table = C.hourly(landed, ledger, gaps)
         # The buckets' old gaps go first: a bucket with none left would keep them (an

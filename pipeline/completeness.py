@@ -41,8 +41,9 @@ hold ranges, not readings, and writes those buckets of both tables. A later batc
 change any hour of an old stream (a late copy fills a gap, a ledger explains one), so
 the rows of a gateway are only right when all of its streams are seen together; and a
 gateway's ranges are few (a row per stream, hour and gap), so this costs what the
-fleet's streams cost, not its history of readings. Only the missing positions are
-expanded one by one, to give each its reason.
+fleet's streams cost, not its history of readings. A gap is judged in pieces, cut
+where a reason's range begins or ends inside it: never position by position (a hole
+of a million positions costs what a hole of one does).
 """
 
 from __future__ import annotations
@@ -426,7 +427,7 @@ def missing_ranges(landed: DataFrame, ledger: DataFrame) -> DataFrame:
     """``completeness_gaps`` of every stream in ``landed`` and ``ledger`` (all of their
     gateways' rows): each stream's missing ranges, per reason, detail and hour, by the
     rules in the module's docstring. (A caller that writes both tables materialises
-    these first: ``hourly`` reads them, and their plan explodes every missing position.)"""
+    these first: ``hourly`` reads them.)"""
     streams = streams_of(landed, ledger)
     parts = _new_parts(landed).join(
         streams.select("gateway", "stream", "first", "last_t"), on=["gateway", "stream"]
@@ -449,7 +450,6 @@ def missing_ranges(landed: DataFrame, ledger: DataFrame) -> DataFrame:
         F.col("last_t").alias("gt"),
     )
     gaps = before.unionByName(after).where(F.col("hi") >= F.col("lo"))
-    missing = gaps.select("gateway", "stream", F.explode(F.sequence("lo", "hi")).alias("pos"), "gt")
     why = reason_ranges(ledger).select(
         F.col("gateway").alias("w_gateway"),
         F.col("stream").alias("w_stream"),
@@ -459,39 +459,42 @@ def missing_ranges(landed: DataFrame, ledger: DataFrame) -> DataFrame:
         "rt",
         "reason",
     )
-    hit = missing.join(
+    pieces = _pieces(
+        gaps.join(streams.select("gateway", "stream", "told", "kind"), on=["gateway", "stream"]),
         why,
-        on=(F.col("gateway") == F.col("w_gateway"))
-        & (F.col("stream") == F.col("w_stream"))
-        & F.col("pos").between(F.col("rlo"), F.col("rhi")),
-        how="left",
-    ).select("gateway", "stream", "pos", "gt", "prio", "rt", "reason")
-    best = hit.groupBy("gateway", "stream", "pos", "gt").agg(
+    )
+    same = (F.col("gateway") == F.col("w_gateway")) & (F.col("stream") == F.col("w_stream"))
+    # Cut at every reason's bounds, a piece lies wholly inside each reason it meets.
+    hit = pieces.join(
+        why, on=same & (F.col("rlo") <= F.col("lo")) & (F.col("rhi") >= F.col("hi")), how="left"
+    )
+    best = hit.groupBy("gateway", "stream", "kind", "told", "lo", "hi", "gt").agg(
         F.min(F.struct("prio", "rt", "reason")).alias("b")
     )
-    judged = best.join(
-        streams.select("gateway", "stream", "told", "kind"), on=["gateway", "stream"]
-    )
     # (not element_at: given a null index, Spark 4 answers the array's last element)
-    reason = F.when(F.col("pos") <= F.col("told"), F.lit("unexplained")).otherwise(
+    reason = F.when(F.col("lo") <= F.col("told"), F.lit("unexplained")).otherwise(
         F.lit("unreported")
     )
     for i, r in reversed(list(enumerate(REASONS))):
         reason = F.when(F.col("b.prio") == i, F.lit(r)).otherwise(reason)
-    each = judged.select(
+    each = best.select(
         "gateway",
         "stream",
         "kind",
-        "pos",
+        "lo",
+        "hi",
         reason.alias("reason"),
         F.col("b.reason").alias("detail"),
         F.date_trunc("hour", F.coalesce("b.rt", "gt")).alias("hour"),
     )
-    w = Window.partitionBy("gateway", "stream", "reason", "detail", "hour").orderBy("pos")
+    # Adjacent pieces of one reason, detail and hour are one range (pieces of two gaps
+    # never touch: a landed part lies between them).
+    w = Window.partitionBy("gateway", "stream", "reason", "detail", "hour").orderBy("lo")
+    follows = F.coalesce(F.lag("hi", 1).over(w) + 1 == F.col("lo"), F.lit(False))
     return (
-        each.withColumn("_g", F.col("pos") - F.row_number().over(w))
+        each.withColumn("_g", F.sum((~follows).cast(LongType())).over(w.rowsBetween(_UNBOUNDED, 0)))
         .groupBy("gateway", "stream", "kind", "reason", "detail", "hour", "_g")
-        .agg(F.min("pos").alias("lo"), F.max("pos").alias("hi"))
+        .agg(F.min("lo").alias("lo"), F.max("hi").alias("hi"))
         .select(
             "gateway",
             "stream",
@@ -504,6 +507,41 @@ def missing_ranges(landed: DataFrame, ledger: DataFrame) -> DataFrame:
             "hour",
             bucket(F.col("gateway")).alias("bucket"),
         )
+    )
+
+
+def _pieces(gaps: DataFrame, why: DataFrame) -> DataFrame:
+    """Each gap (``lo``..``hi``, with ``gt``, ``told``, ``kind``) cut where a reason range
+    begins or ends inside it, and after ``told``: pieces that every reason covers whole
+    or not at all, judged as one. Their number follows the gaps and the ledgers' ranges,
+    not the positions missing (a hole of a million positions is one piece)."""
+    key = ["gateway", "stream", "lo"]
+    g = gaps.select(*key, F.col("hi").alias("g_hi"), "gt", "told", "kind")
+    inside = (F.col("cut") > F.col("lo")) & (F.col("cut") <= F.col("g_hi"))
+    ends = why.select(
+        "w_gateway", "w_stream", F.explode(F.array("rlo", F.col("rhi") + 1)).alias("cut")
+    )
+    at_reasons = g.join(
+        ends,
+        on=(F.col("gateway") == F.col("w_gateway")) & (F.col("stream") == F.col("w_stream")),
+    ).where(inside)
+    cuts = (
+        g.select(*key, F.col("lo").alias("cut"))
+        .unionByName(
+            g.select(*key, "g_hi", (F.col("told") + 1).alias("cut")).where(inside).drop("g_hi")
+        )
+        .unionByName(at_reasons.select(*key, "cut"))
+        .distinct()
+    )
+    w = Window.partitionBy(*key).orderBy("cut")
+    return cuts.join(g, on=key).select(
+        "gateway",
+        "stream",
+        "kind",
+        "told",
+        F.col("cut").alias("lo"),
+        F.coalesce(F.lead("cut", 1).over(w) - 1, F.col("g_hi")).alias("hi"),
+        "gt",
     )
 
 

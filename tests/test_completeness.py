@@ -87,6 +87,62 @@ def test_records_stay_out_of_readings_and_rollups_and_land_once_in_their_tables(
         assert only_spark == 0 and only_duck == 0, (table, res)
 
 
+# ------------------------------------------------------------ gaps judged in pieces
+
+
+def test_a_gap_is_judged_in_pieces_cut_at_each_reason_and_at_what_was_told(spark: Any) -> None:
+    """``missing_ranges`` over hand-made ``landed`` and ``ledger`` rows: a store stream with
+    a hole of a trillion positions crossed by overlapping reasons (held inside evicted: held
+    wins), a refusal, a skipped seq; a node stream whose ledger told only up to 12 (past
+    it: unreported). Each range comes out with its reason, detail and hour. The hole is
+    judged as pieces: seen failing when each missing position was a row (Spark refused the
+    array of positions)."""
+    from datetime import datetime
+
+    from pubcomp.pipeline import completeness as C
+
+    def t(hh: int, mm: int = 0) -> datetime:
+        return datetime(2026, 11, 20, hh, mm)
+
+    big = 10**12  # a hole no one could list position by position
+    landed = spark.createDataFrame(
+        [("g1", "g1/e1", 1, 10, t(0), 0), ("g1", "g1/e1", big + 11, big + 20, t(2), 0),
+         ("g1", "n1/1", 0, 5, t(0), 0), ("g1", "n1/1", 50, 60, t(0, 10), 0)],
+        C.LANDED_SCHEMA,
+    )  # fmt: skip
+    head = ("g1/e1/900", "g1", "e1", 900, t(1, 30), t(1), t(1, 30))
+
+    def row(stream: str, what: str, lo: int, hi: int, reason: str | None = None,
+            at: datetime | None = None) -> tuple[Any, ...]:  # fmt: skip
+        return (*head, stream, what, reason, at, lo, hi, 0)
+
+    ledger = spark.createDataFrame(
+        [row("g1/e1", "top", big + 30, big + 30), row("g1/e1", "evicted", 100, 200, at=t(0, 30)),
+         row("g1/e1", "held", 150, 160), row("g1/e1", "refused", 500, 600, "bad_ts"),
+         row("g1/e1", "skipped", 700, 700), row("n1/1", "node_dropped", 10, 12, "ring_overflow")],
+        C.LEDGER_SCHEMA,
+    )  # fmt: skip
+    got = {
+        (r.stream, r.lo, r.hi, r.reason, r.detail, r.hour)
+        for r in C.missing_ranges(landed, ledger).collect()
+    }
+    assert got == {
+        ("g1/e1", 11, 99, "unexplained", None, t(2)),
+        ("g1/e1", 100, 149, "evicted", None, t(0)),
+        ("g1/e1", 150, 160, "held", None, t(1)),
+        ("g1/e1", 161, 200, "evicted", None, t(0)),
+        ("g1/e1", 201, 499, "unexplained", None, t(2)),
+        ("g1/e1", 500, 600, "refused", "bad_ts", t(1)),
+        ("g1/e1", 601, 699, "unexplained", None, t(2)),
+        ("g1/e1", 700, 700, "skipped", None, t(1)),
+        ("g1/e1", 701, big + 10, "unexplained", None, t(2)),
+        ("g1/e1", big + 21, big + 30, "unexplained", None, t(1)),
+        ("n1/1", 6, 9, "unexplained", None, t(0, 10).replace(minute=0)),
+        ("n1/1", 10, 12, "node_dropped", "ring_overflow", t(1)),
+        ("n1/1", 13, 49, "unreported", None, t(0)),
+    }
+
+
 # ------------------------------------------------------------ a fleet's planted holes
 
 
