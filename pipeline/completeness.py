@@ -305,12 +305,16 @@ def landed_ranges(parsed: DataFrame, batch: int) -> DataFrame:
     records name, and the node messages its reading ids name."""
     have = parsed.where(F.col("gateway").isNotNull())
     box = F.col("outbox")
-    spans = have.where(box.isNotNull() & box.epoch.isNotNull() & (box.first <= box.last)).select(
-        "gateway",
-        F.concat_ws("/", "gateway", box.epoch).alias("stream"),
-        box.first.alias("lo"),
-        box.last.alias("hi"),
-        _pos_time().alias("t"),
+    # Every line of a message names its span: one row per span before the windows.
+    spans = (
+        have.where(box.isNotNull() & box.epoch.isNotNull() & (box.first <= box.last))
+        .groupBy(
+            "gateway",
+            F.concat_ws("/", "gateway", box.epoch).alias("stream"),
+            box.first.alias("lo"),
+            box.last.alias("hi"),
+        )
+        .agg(F.min(_pos_time()).alias("t"))
     )
     tail = F.substring_index("id", "/", -1)
     seq_s = F.substring_index(tail, ".", 1)
@@ -428,9 +432,25 @@ def missing_ranges(landed: DataFrame, ledger: DataFrame) -> DataFrame:
     gateways' rows): each stream's missing ranges, per reason, detail and hour, by the
     rules in the module's docstring. (A caller that writes both tables materialises
     these first: ``hourly`` reads them.)"""
-    streams = streams_of(landed, ledger)
+    # Both are read by several branches below: materialised (a row per stream, a row
+    # per reason's range), not planned again in each.
+    streams = streams_of(landed, ledger).localCheckpoint(eager=True)
+    why = (
+        reason_ranges(ledger)
+        .select(
+            F.col("gateway").alias("w_gateway"),
+            F.col("stream").alias("w_stream"),
+            F.col("lo").alias("rlo"),
+            F.col("hi").alias("rhi"),
+            "prio",
+            "rt",
+            "reason",
+        )
+        .localCheckpoint(eager=True)
+    )
     parts = _new_parts(landed).join(
-        streams.select("gateway", "stream", "first", "last_t"), on=["gateway", "stream"]
+        streams.select("gateway", "stream", "first", "last_t", "told", "kind"),
+        on=["gateway", "stream"],
     )
     # The gaps: before each landed part (from the first position, or after the parts
     # before it), and after the last one (to ``top``), with the time of what follows.
@@ -440,6 +460,8 @@ def missing_ranges(landed: DataFrame, ledger: DataFrame) -> DataFrame:
         F.coalesce("_after", "first").alias("lo"),
         (F.col("lo") - 1).alias("hi"),
         F.col("t").alias("gt"),
+        "told",
+        "kind",
     )
     ends = landed.groupBy("gateway", "stream").agg(F.max("hi").alias("end"))
     after = streams.join(ends, on=["gateway", "stream"], how="left").select(
@@ -448,21 +470,11 @@ def missing_ranges(landed: DataFrame, ledger: DataFrame) -> DataFrame:
         F.coalesce(F.col("end") + 1, F.col("first")).alias("lo"),
         F.col("top").alias("hi"),
         F.col("last_t").alias("gt"),
+        "told",
+        "kind",
     )
     gaps = before.unionByName(after).where(F.col("hi") >= F.col("lo"))
-    why = reason_ranges(ledger).select(
-        F.col("gateway").alias("w_gateway"),
-        F.col("stream").alias("w_stream"),
-        F.col("lo").alias("rlo"),
-        F.col("hi").alias("rhi"),
-        "prio",
-        "rt",
-        "reason",
-    )
-    pieces = _pieces(
-        gaps.join(streams.select("gateway", "stream", "told", "kind"), on=["gateway", "stream"]),
-        why,
-    )
+    pieces = _pieces(gaps, why)
     same = (F.col("gateway") == F.col("w_gateway")) & (F.col("stream") == F.col("w_stream"))
     # Cut at every reason's bounds, a piece lies wholly inside each reason it meets.
     hit = pieces.join(
@@ -521,20 +533,16 @@ def _pieces(gaps: DataFrame, why: DataFrame) -> DataFrame:
     ends = why.select(
         "w_gateway", "w_stream", F.explode(F.array("rlo", F.col("rhi") + 1)).alias("cut")
     )
-    at_reasons = g.join(
-        ends,
-        on=(F.col("gateway") == F.col("w_gateway")) & (F.col("stream") == F.col("w_stream")),
-    ).where(inside)
+    same = (F.col("gateway") == F.col("w_gateway")) & (F.col("stream") == F.col("w_stream"))
+    cols = [*g.columns, "cut"]
     cuts = (
-        g.select(*key, F.col("lo").alias("cut"))
-        .unionByName(
-            g.select(*key, "g_hi", (F.col("told") + 1).alias("cut")).where(inside).drop("g_hi")
-        )
-        .unionByName(at_reasons.select(*key, "cut"))
+        g.withColumn("cut", F.col("lo"))
+        .unionByName(g.withColumn("cut", F.col("told") + 1).where(inside))
+        .unionByName(g.join(ends, on=same).where(inside).select(*cols))
         .distinct()
     )
     w = Window.partitionBy(*key).orderBy("cut")
-    return cuts.join(g, on=key).select(
+    return cuts.select(
         "gateway",
         "stream",
         "kind",

@@ -138,7 +138,8 @@ class Pipeline:
             good = F.col("reason").isNull() & ~transforms.is_record(F.col("sensor"))
             counts = parsed.agg(
                 F.count(F.lit(1)),
-                F.countDistinct("_file"),
+                # (not countDistinct: beside the sets, it makes Spark copy every row)
+                F.size(F.collect_set("_file")),
                 F.count_if(good),
                 F.collect_set(F.when(good, transforms.id_bucket(F.col("id")))),
                 F.collect_set(F.when(good, seenindex.range_bucket(F.col("id")))),
