@@ -28,6 +28,7 @@ class Checker:
         self.readings: dict[str, tuple] = {}  # id -> (sensor, ts, value) as delivered
         self.records: dict[str, dict] = {}  # id -> a gateway's record ($ledger, ...) as delivered
         self.arrivals: list[str] = []  # every id delivered, in the order it arrived
+        self.packets: dict[str, list[tuple[int, bool]]] = {}  # id -> (packet id, DUP) per delivery
         self.messages = 0
         self.bad_payloads = 0
         self.subscriptions = 0  # SUBACKs received: one per (re)connection
@@ -71,6 +72,8 @@ class Checker:
             self.messages += 1
             self.counts.update(ids)
             self.arrivals.extend(ids)
+            for i in ids:
+                self.packets.setdefault(i, []).append((msg.mid, bool(msg.dup)))
             self.readings.update(what)
             self.records.update(records)
 
@@ -114,6 +117,20 @@ class Checker:
         """Every gateway record delivered (a ``$...`` sensor's ``record``), by reading id."""
         with self._lock:
             return dict(self.records)
+
+    def copies(self) -> dict[str, list[tuple[int, bool]]]:
+        """Each id delivered more than once: (packet id, DUP flag) of every delivery."""
+        with self._lock:
+            return {k: v for k, v in sorted(self.packets.items()) if len(v) > 1}
+
+    def undup(self) -> collections.Counter[str]:
+        """Deliveries per id of PUBLISH packets without the DUP flag: a broker sets DUP
+        only on its own redeliveries (it does not pass on the publisher's, MQTT-3.3.1-3),
+        so each of these is a message some publisher sent."""
+        with self._lock:
+            return collections.Counter(
+                {k: n for k, v in self.packets.items() if (n := sum(not d for _, d in v))}
+            )
 
     def arrival_order(self) -> list[str]:
         with self._lock:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -263,9 +263,16 @@ def test_mqtt5_is_refused_and_share_is_a_plain_topic(cluster: NatsCluster) -> No
 # ---------------------------------------------------------------- pubcomp's chain
 
 
-def run_chain(
-    tmp_path: Path, cluster: NatsCluster, readings: int, victim: int | None
-) -> tuple[collections.Counter[str], collections.Counter[str], set[str], int, str]:
+class Chain(NamedTuple):
+    landed: collections.Counter[str]  # reading id -> copies in the landing zone
+    seen: collections.Counter[str]  # reading id -> deliveries to the checker
+    undup: collections.Counter[str]  # of those, PUBLISH packets without DUP
+    expected: set[str]
+    resent: int  # readings the uplink published again (not landed in time)
+    state: str  # what to print on a failure
+
+
+def run_chain(tmp_path: Path, cluster: NatsCluster, readings: int, victim: int | None) -> Chain:
     """``pubcomp uplink run`` (QoS 2, MQTT 3.1.1, ``--batch 1``: a message per stored
     commit of five readings) drains a store to node 0, end to end: it keeps every
     reading until the ingest says it is landed, and publishes again what is not landed
@@ -301,6 +308,7 @@ def run_chain(
                 20,
             )
         seen = checker.wait_for(expected, 1)
+        undup = checker.undup()
         stats = ing.stop()
     finally:
         if uplink.poll() is None:
@@ -318,22 +326,29 @@ def run_chain(
         )
     state = (
         f"landing {exactly_once_report(counts, expected)}\n"
-        f"checker {exactly_once_report(seen, expected)}\nresent {resent}\n"
+        f"checker {exactly_once_report(seen, expected)} messages {checker.messages} "
+        f"subscriptions {checker.subscriptions}\n"
+        f"copies (packet id, DUP): {checker.copies()}\nresent {resent}\n"
         f"ingest {stats}\n{cluster.describe()}"
     )
-    return counts, seen, expected, resent, state
+    return Chain(counts, seen, undup, expected, resent, state)
 
 
 def test_chain_lands_exactly_once_across_nodes(tmp_path: Path, cluster: NatsCluster) -> None:
     """pubcomp's uplink and ingest talk MQTT 3.1.1 to NATS as they are: QoS 2 and
     persistent sessions on two different nodes; 1,000 readings, each landed once."""
-    counts, seen, expected, resent, state = run_chain(tmp_path, cluster, 1000, None)
+    counts, seen, undup, expected, resent, state = run_chain(tmp_path, cluster, 1000, None)
     assert counts == dict.fromkeys(expected, 1), state
-    # The broker relays each reading once, plus the copies the gateway published again
-    # because the ingest's landed acknowledgement came after --landed-timeout (5 s: on a
-    # loaded machine it can): the same ids, which the landing zone above holds once.
     assert seen.keys() == expected, state
-    assert sum(seen.values()) - len(seen) <= resent, state
+    # What the gateway sent: each reading once, plus the copies it published again
+    # because the ingest's landed acknowledgement came after --landed-timeout (5 s: on a
+    # loaded machine it can). The checker sees them as PUBLISH packets without DUP.
+    assert sum(undup.values()) - len(expected) <= resent, state
+    # NATS also redelivers to a subscriber, with DUP and under a new packet id, messages
+    # whose PUBREC it had (docs/brokers.md, defect 2: seen on a loaded machine with no
+    # node killed, 3 to 14 of 1,000 at the checker, none resent by the gateway): copies
+    # with the same reading ids, which the landing zone above holds once. Bounded here.
+    assert sum(seen.values()) - len(seen) <= resent + len(expected) // 20, state
 
 
 @pytest.mark.parametrize("killed", ["uplink", "ingest", "third"])
@@ -352,7 +367,7 @@ def test_chain_lands_every_reading_across_a_node_kill(
     3,000 with the ingest's). End to end, the gateway keeps what was not landed and
     publishes it again, and the ingest lands a new message under a held id."""
     victim = {"uplink": 0, "ingest": 1, "third": 2}[killed]
-    counts, seen, expected, _, state = run_chain(tmp_path, cluster, 2000, victim)
+    counts, seen, _, expected, _, state = run_chain(tmp_path, cluster, 2000, victim)
     assert counts.keys() == expected, state
     assert not seen.keys() - expected, state  # relayed nothing the store did not hold
     # The checker is a paho client on NATS too, and what NATS loses for one consumer is
