@@ -65,6 +65,7 @@ RANGE_BUCKETS = 16
 # A stream kept in more runs than this (in a batch's rows, or after a compaction) is
 # kept as one envelope instead: a gateway's own seqs interleave with its nodes'.
 MAX_EXACT = 8
+_BROADCAST = 1_000_000  # messages with a hole a join broadcasts (a checkpoint has no size)
 _SPLIT_MAX = 100_000  # messages of a run split into one segment each, at most
 KEY = ["origin", "epoch", "dotted"]
 
@@ -273,17 +274,21 @@ def build_runs(segments: DataFrame) -> DataFrame:
     """Segments (``position_segments``, ``explode_runs``) of disjoint positions as runs
     (``RANGE_COLUMNS``): pieces within a message merged, then pieces chained over
     messages (the module's docstring has the rule)."""
+    return _chain(_pieces(segments))
+
+
+def _pieces(segments: DataFrame) -> DataFrame:
+    """Contiguous indexes of one message: one piece (``build_runs``' first step)."""
     order = Window.partitionBy(*KEY).orderBy("s_lo", "a")
     running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     single = F.col("s_lo") == F.col("s_hi")
-    # 1. Contiguous indexes of one message: one piece.
     joined = (
         F.lag(single, 1).over(order)
         & single
         & (F.lag("s_hi", 1).over(order) == F.col("s_lo"))
         & (F.lag("b", 1).over(order) + 1 == F.col("a"))
     )
-    pieces = (
+    return (
         segments.withColumn(
             "g", F.sum((~F.coalesce(joined, F.lit(False))).cast("int")).over(running)
         )
@@ -303,7 +308,12 @@ def build_runs(segments: DataFrame) -> DataFrame:
         )
         .drop("g", "w_body")
     )
-    # 2. Pieces chained over consecutive messages.
+
+
+def _chain(pieces: DataFrame) -> DataFrame:
+    """Pieces chained over consecutive messages (``build_runs``' second step)."""
+    order = Window.partitionBy(*KEY).orderBy("s_lo", "a")
+    running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     single = F.col("s_lo") == F.col("s_hi")
     p_b = F.lag("b", 1).over(order)
     fits = (
@@ -413,32 +423,35 @@ def bounded(runs: DataFrame) -> DataFrame:
 
 
 def kept_runs(kept: DataFrame) -> DataFrame:
-    """``bounded(build_runs(position_segments(kept)))``, without the windows for a stream
-    that cannot be ``MAX_EXACT`` runs or fewer.
+    """``bounded(build_runs(position_segments(kept)))``, with the windows over messages,
+    not readings, and none for a stream that cannot be ``MAX_EXACT`` runs or fewer.
 
-    A run chains consecutive messages only, so a stream has at least as many runs as
-    messages that start a stretch (their predecessor has no position kept). Those are
-    counted by hashed aggregates, where a predecessor lies in the same block of 64
-    messages: a bit per message, ``bits & ~(bits << 1)`` (a lower bound, never more than
-    the runs). A stream with more than ``MAX_EXACT`` (in a batch, most: the messages that
-    arrive out of order across a batch's edge leave holes at both ends) becomes the
-    envelope ``bounded`` would make of its runs, from the same aggregates (numbers only:
-    a date as a date, the copy order's time, so that Spark hashes rather than sorts),
-    then the largest gateway among its copies at that time. Only the other streams are
-    sorted through the windows. ``kept``: as for ``position_segments``."""
-    received = F.coalesce(F.col("received"), F.lit(NEVER).cast(TimestampType()))
-    blocks = kept.groupBy(*KEY, F.expr(f"pos div {POS_SCALE * 64}").alias("_block")).agg(
-        F.bit_or(F.expr(f"shiftleft(1L, cast((pos div {POS_SCALE}) % 64 as int))")).alias("_bits"),
-        F.min("pos").alias("lo"),
-        F.max("pos").alias("hi"),
-        F.count(F.lit(1)).alias("n"),
-        F.max(received).alias("last_received"),
-        F.min("ts").alias("ts_lo"),
-        F.max("ts").alias("ts_hi"),
-        F.min(F.to_date("date")).alias("day_lo"),
-        F.max(F.to_date("date")).alias("day_hi"),
-        F.min("batch").alias("batch_lo"),
-        F.max("batch").alias("batch_hi"),
+    First one aggregate per message (``_messages``): a message whose kept indexes are
+    contiguous is one piece already (the windows' first step merges nothing else into
+    it), so only the positions of a message with a hole inside go through that step.
+    Then, over the messages: a run chains consecutive messages only, so a stream has at
+    least as many runs as messages that start a stretch (their predecessor has no
+    position kept). Those are counted by hashed aggregates, where a predecessor lies in
+    the same block of 64 messages: a bit per message, ``bits & ~(bits << 1)`` (a lower
+    bound, never more than the runs). A stream with more than ``MAX_EXACT`` (in a batch,
+    most: the messages that arrive out of order across a batch's edge leave holes at
+    both ends) becomes the envelope ``bounded`` would make of its runs, from the same
+    aggregates; only the other streams are chained through the windows. ``kept``: as for
+    ``position_segments``."""
+    msgs = _messages(kept).localCheckpoint(eager=True)
+    last = F.col("last")
+    blocks = msgs.groupBy(*KEY, F.expr("s div 64").alias("_block")).agg(
+        F.bit_or(F.expr("shiftleft(1L, cast(s % 64 as int))")).alias("_bits"),
+        F.min(F.col("s") * F.lit(POS_SCALE) + F.col("a")).alias("lo"),
+        F.max(F.col("s") * F.lit(POS_SCALE) + F.col("b")).alias("hi"),
+        F.sum("n").alias("n"),
+        F.max(last.received).alias("last_received"),
+        F.min("ts_lo").alias("ts_lo"),
+        F.max("ts_hi").alias("ts_hi"),
+        F.min(F.to_date("date_lo")).alias("day_lo"),
+        F.max(F.to_date("date_hi")).alias("day_hi"),
+        F.min("batch_lo").alias("batch_lo"),
+        F.max("batch_hi").alias("batch_hi"),
     )
     bits = F.col("_bits")
     starts = F.bit_count(bits.bitwiseAND(F.bitwise_not(F.shiftleft(bits, 1))).bitwiseAND(-2))
@@ -461,14 +474,16 @@ def kept_runs(kept: DataFrame) -> DataFrame:
         .localCheckpoint(eager=True)
     )
     if not wide.count():
-        return bounded(build_runs(position_segments(kept)))
+        return bounded(_chain(_message_pieces(msgs, kept)))
     at = F.broadcast(wide.select(*KEY, F.col("last_received").alias("_at")))
-    few = kept.join(at, on=KEY, how="left_anti")
+    few = msgs.join(at, on=KEY, how="left_anti")
+    # The largest gateway among the copies received last: each message's ``last`` is
+    # its own largest (time, gateway), so its gateway where its time is the stream's.
     gateway = (
-        kept.join(at, on=KEY)
-        .where(received == F.col("_at"))
+        msgs.join(at, on=KEY)
+        .where(last.received == F.col("_at"))
         .groupBy(*KEY)
-        .agg(F.max(F.coalesce(F.col("gateway"), F.lit(""))).alias("last_gateway"))
+        .agg(F.max(last.gateway).alias("last_gateway"))
     )
     envelopes = wide.join(gateway, on=KEY).select(
         *KEY,
@@ -487,7 +502,96 @@ def kept_runs(kept: DataFrame) -> DataFrame:
         F.col("batch_hi").cast(LongType()).alias("batch_hi"),
         _stream_bucket().alias("bucket"),
     )
-    return bounded(build_runs(position_segments(few))).unionByName(envelopes)
+    return bounded(_chain(_message_pieces(few, kept))).unionByName(envelopes)
+
+
+def _messages(kept: DataFrame) -> DataFrame:
+    """Per stream and message (``s``): the smallest and largest index kept (``a``,
+    ``b``), how many (``n``) and the copies' bounds (``_META``).
+
+    Hashed first, per message and copy order (a message's readings share theirs), with
+    numbers only: a string's or a struct's minimum makes Spark sort every row (twice:
+    before and after the exchange). Only what is left, about a row per message, is
+    sorted for the largest copy order. One exchange, by stream, serves both."""
+    s = F.expr(f"pos div {POS_SCALE}").alias("s")
+    i = (F.col("pos") % F.lit(POS_SCALE)).cast(IntegerType())
+    copies = (
+        kept.repartition(*KEY)
+        .groupBy(
+            *KEY,
+            s,
+            F.coalesce(F.col("received"), F.lit(NEVER).cast(TimestampType())).alias("_r"),
+            F.coalesce(F.col("gateway"), F.lit("")).alias("_g"),
+        )
+        .agg(
+            F.min(i).alias("a"),
+            F.max(i).alias("b"),
+            F.count(F.lit(1)).alias("n"),
+            F.min("ts").alias("ts_lo"),
+            F.max("ts").alias("ts_hi"),
+            F.min(F.to_date("date")).alias("day_lo"),
+            F.max(F.to_date("date")).alias("day_hi"),
+            F.min("batch").alias("batch_lo"),
+            F.max("batch").alias("batch_hi"),
+        )
+    )
+    return (
+        copies.groupBy(*KEY, "s")
+        .agg(
+            F.min("a").alias("a"),
+            F.max("b").alias("b"),
+            F.sum("n").alias("n"),
+            F.max(F.struct(F.col("_r").alias("received"), F.col("_g").alias("gateway"))).alias(
+                "last"
+            ),
+            F.min("ts_lo").alias("ts_lo"),
+            F.max("ts_hi").alias("ts_hi"),
+            F.min("day_lo").alias("day_lo"),
+            F.max("day_hi").alias("day_hi"),
+            F.min("batch_lo").cast(LongType()).alias("batch_lo"),
+            F.max("batch_hi").cast(LongType()).alias("batch_hi"),
+        )
+        .select(
+            *KEY,
+            "s",
+            "a",
+            "b",
+            "n",
+            "last",
+            "ts_lo",
+            "ts_hi",
+            F.date_format("day_lo", "yyyy-MM-dd").alias("date_lo"),
+            F.date_format("day_hi", "yyyy-MM-dd").alias("date_hi"),
+            "batch_lo",
+            "batch_hi",
+        )
+    )
+
+
+def _message_pieces(msgs: DataFrame, kept: DataFrame) -> DataFrame:
+    """``_pieces(position_segments(...))`` of the messages ``msgs`` names: one piece per
+    message whose kept indexes are contiguous; the positions of the others (a hole
+    inside: rare) through the window."""
+    whole = F.col("n") == (F.col("b") - F.col("a") + 1).cast(LongType())
+    pieces = msgs.where(whole).select(
+        *KEY,
+        F.col("s").alias("s_lo"),
+        "a",
+        F.col("s").alias("s_hi"),
+        "b",
+        (F.col("b") + 1).alias("w"),
+        F.col("n").cast(LongType()).alias("n"),
+        *_META,
+    )
+    holes = msgs.where(~whole).select(*KEY, "s")
+    n_holes = holes.count()
+    if not n_holes:
+        return pieces
+    if n_holes < _BROADCAST:
+        holes = F.broadcast(holes)
+    s = F.expr(f"pos div {POS_SCALE}").alias("s")
+    inside = kept.withColumn("s", s).join(holes, on=[*KEY, "s"], how="left_semi")
+    return pieces.unionByName(_pieces(position_segments(inside.drop("s"))))
 
 
 def merge_runs(runs: DataFrame) -> DataFrame:
