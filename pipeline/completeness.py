@@ -305,17 +305,6 @@ def landed_ranges(parsed: DataFrame, batch: int) -> DataFrame:
     records name, and the node messages its reading ids name."""
     have = parsed.where(F.col("gateway").isNotNull())
     box = F.col("outbox")
-    # Every line of a message names its span: one row per span before the windows.
-    spans = (
-        have.where(box.isNotNull() & box.epoch.isNotNull() & (box.first <= box.last))
-        .groupBy(
-            "gateway",
-            F.concat_ws("/", "gateway", box.epoch).alias("stream"),
-            box.first.alias("lo"),
-            box.last.alias("hi"),
-        )
-        .agg(F.min(_pos_time()).alias("t"))
-    )
     tail = F.substring_index("id", "/", -1)
     seq_s = F.substring_index(tail, ".", 1)
     i_s = F.substring_index(tail, ".", -1)
@@ -323,24 +312,38 @@ def landed_ranges(parsed: DataFrame, batch: int) -> DataFrame:
     dots = F.length(tail) - F.length(F.replace(tail, F.lit("."), F.lit("")))
     seq = seq_s.try_cast(LongType())
     node = (
-        (slashes == 2)
+        F.col("id").isNotNull()
+        & (slashes == 2)
         & (dots == 1)
         & (seq.cast(StringType()) == seq_s)
         & (i_s.try_cast(LongType()).cast(StringType()) == i_s)
     )
-    messages = (
-        have.where(F.col("id").isNotNull() & node)
-        .select(
-            "gateway",
-            F.substring_index("id", "/", 2).alias("stream"),
-            seq.alias("seq"),
-            _pos_time().alias("t"),
-        )
-        .groupBy("gateway", "stream", "seq")
-        .agg(F.min("t").alias("t"))
-        .select("gateway", "stream", F.col("seq").alias("lo"), F.col("seq").alias("hi"), "t")
+    # A line names up to two ranges: its message's store span (every line of a message
+    # names it) and, for a node's reading, its message. One pass over the lines, one
+    # row per range before the windows.
+    span = F.when(
+        box.isNotNull() & box.epoch.isNotNull() & (box.first <= box.last),
+        F.struct(
+            F.concat_ws("/", "gateway", box.epoch).alias("stream"),
+            box.first.alias("lo"),
+            box.last.alias("hi"),
+        ),
     )
-    both = spans.unionByName(messages).withColumn("_hour", F.date_trunc("hour", "t"))
+    message = F.when(
+        node,
+        F.struct(
+            F.substring_index("id", "/", 2).alias("stream"),
+            seq.alias("lo"),
+            seq.alias("hi"),
+        ),
+    )
+    named = F.filter(F.array(span, message), lambda r: r.isNotNull())
+    both = (
+        have.select("gateway", _pos_time().alias("t"), F.explode(named).alias("r"))
+        .groupBy("gateway", "r.stream", "r.lo", "r.hi")
+        .agg(F.min("t").alias("t"))
+        .withColumn("_hour", F.date_trunc("hour", "t"))
+    )
     merged = merge_ranges(both, ["gateway", "stream", "_hour"])
     return merged.select(
         "gateway", "stream", "lo", "hi", "t", F.lit(batch).cast(LongType()).alias("batch")
