@@ -208,6 +208,8 @@ def fleet(args: argparse.Namespace) -> int:
     histories, increment = sorted(_sizes(args.histories)), args.increment
     rows: list[tuple] = []
     equal_all = True
+    if args.tmp is not None:  # a folder to hold the run's own temporary one
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.tmp) as d:
         tmp = Path(d)
         spark = spark_session(args.master, app="pubcomp-bench-fleet")

@@ -106,6 +106,9 @@ class Pipeline:
     def path(self, table: str) -> str:
         return f"{self.wh}/{table}"
 
+    def _cores(self) -> int:
+        return int(self.spark.sparkContext.defaultParallelism)
+
     # ------------------------------------------------------------ running
 
     def run(self) -> RunSummary:
@@ -216,9 +219,10 @@ class Pipeline:
             self._write_index(decided, new, exceptions, index, compact, writes, batch_id)
             crash_point("pipeline_seen_written")
             # 2. This batch's readings, and its quality row (displaced copies taken off).
-            # One file per hour (a task per hour), not one per hour and task: on this
-            # kind of job the files cost more than the rows.
-            new.repartition("date", "hour").write.mode("overwrite").partitionBy(
+            # A file per hour (a task per hour) unless the batch is large and has fewer
+            # hours than the cluster has cores (``tasks_per_hour``).
+            per_hour = tasks_per_hour(self._cores(), len(hours), n_new)
+            spread_hours(new, per_hour).drop(PART).write.mode("overwrite").partitionBy(
                 "date", "hour", "batch"
             ).parquet(self.path("readings"))
             transforms.quality(good, new, batch_id, displaced).coalesce(1).write.mode(
@@ -230,7 +234,7 @@ class Pipeline:
             if moved and displaced is not None:
                 self._remove_displaced(displaced, sorted(moved))
             crash_point("pipeline_displaced_removed")
-            self._rollups(sorted(hours), new, batch_id, emptied=bool(moved))
+            self._rollups(sorted(hours), new, batch_id, bool(moved), per_hour)
             for table in (EXCEPTIONS, RANGES):
                 self._drop_compacted(table, index[table], compact[table], batch_id)
         finally:
@@ -380,7 +384,12 @@ class Pipeline:
             store.write(table, out, batch_id, replay)
 
     def _rollups(
-        self, hours: list[tuple[str, int]], new: DataFrame, batch_id: int, emptied: bool
+        self,
+        hours: list[tuple[str, int]],
+        new: DataFrame,
+        batch_id: int,
+        emptied: bool,
+        per_hour: int,
     ) -> None:
         """Rollups of every hour the batch changed, from all of those hours' readings.
 
@@ -389,7 +398,8 @@ class Pipeline:
         hour's minutes change only when the hour is touched, so its row is what its
         minutes would give); ``rollup_1d`` from those hours. Nothing written is read
         back. ``emptied``: the batch displaced copies, so an hour (or a day) may have
-        lost its last reading; its rollup partitions are deleted.
+        lost its last reading; its rollup partitions are deleted. ``per_hour``: the tasks
+        an hour's minutes are aggregated in (``tasks_per_hour``).
         """
         if not hours:
             return
@@ -399,8 +409,9 @@ class Pipeline:
             earlier = self._table("readings", transforms.READINGS_SCHEMA, hours)
             readings = earlier.where(F.col("batch") != batch_id).unionByName(readings)
         dates = sorted({d for d, _ in hours})
-        # By hour, so the minutes are aggregated in place and written a file per hour.
-        minutes = transforms.rollup_minutes(readings.repartition("date", "hour")).persist()
+        # By hour (and part, a key of the aggregate too), so the minutes are aggregated
+        # where they are and written a file per hour and part.
+        minutes = transforms.rollup_minutes(spread_hours(readings, per_hour), PART).persist()
         by_hour = transforms.rollup_up(minutes, "hour")
         try:
             minutes.write.mode("overwrite").partitionBy("date", "hour").parquet(
@@ -503,6 +514,31 @@ class Pipeline:
 
 
 SMALL = 2_000_000  # rows a join hint broadcasts (a checkpoint's size is not known to Spark)
+
+
+# A batch this large spreads an hour over several tasks when it has fewer hours than the
+# cluster has cores. Below it, a file per hour: on small batches files cost more than rows.
+SPREAD_ROWS = 200_000
+PART = "_part"  # an hour's part: a column of the origin and sensor, never written
+
+
+def tasks_per_hour(cores: int, hours: int, rows: int) -> int:
+    """Tasks an hour's readings are written and aggregated in.
+
+    A task per hour lets the hours' sizes, not the cores, set the time: a batch that
+    continues the fleet's last hour and opens the next one has two hours, one large
+    (1.7M readings at 10,000 streams, against 0.3M) and one core idle. Two tasks per
+    core in all, so that uneven hours still even out."""
+    if rows < SPREAD_ROWS or hours <= 0:
+        return 1
+    return max(1, -(-2 * cores // hours))
+
+
+def spread_hours(readings: DataFrame, per_hour: int) -> DataFrame:
+    """``readings`` by (``date``, ``hour``, ``PART``): ``per_hour`` parts of an hour, each
+    an origin and sensor's readings whole (the rollups group by them)."""
+    part = F.pmod(F.xxhash64("origin", "sensor"), F.lit(per_hour)) if per_hour > 1 else F.lit(0)
+    return readings.withColumn(PART, part).repartition("date", "hour", PART)
 
 
 def _small(df: DataFrame) -> DataFrame:

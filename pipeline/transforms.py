@@ -489,15 +489,16 @@ def _kind() -> Column:
     return F.max(F.coalesce(F.col("kind"), F.lit(GAUGE))).alias("kind")
 
 
-def rollup_minutes(readings: DataFrame) -> DataFrame:
+def rollup_minutes(readings: DataFrame, *parts: str) -> DataFrame:
     """Per origin, sensor and minute, from deduplicated readings.
 
-    Grouped by the readings' ``date`` and ``hour`` too (a minute lies in one), so
-    readings partitioned by hour are aggregated where they are, without a shuffle.
+    Grouped by the readings' ``date`` and ``hour`` too (a minute lies in one), and by
+    ``parts`` (columns of the origin and sensor alone, so they split no group), so
+    readings partitioned by those are aggregated where they are, without a shuffle.
     """
     r = readings.where(F.col("value").isNotNull())
     window = F.date_trunc("minute", "ts").alias("window_start")
-    agg = r.groupBy("date", "hour", "origin", "sensor", window).agg(
+    agg = r.groupBy("date", "hour", *parts, "origin", "sensor", window).agg(
         F.count("value").cast(LongType()).alias("count"),
         F.min("value").alias("min"),
         F.max("value").alias("max"),

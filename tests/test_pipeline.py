@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
 from devkit import duckdb_reference as ref
 from devkit import hooked
+from pubcomp.pipeline import job
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.synth import write_landing
 from pubcomp.sync.wire import wire_time
@@ -86,6 +88,57 @@ def test_pipeline_equals_duckdb_and_quarantines_the_impossible(spark: Any, tmp_p
     assert res["readings"][0] == 20_000
     summary = json.loads(next((wh / "_runs").glob("run-*.json")).read_text())
     assert summary["readings_written"] == 20_000
+
+
+def test_tasks_per_hour_spread_only_a_large_batch_over_fewer_hours_than_two_per_core() -> None:
+    big = job.SPREAD_ROWS
+    assert job.tasks_per_hour(2, 2, big) == 2  # the fleet's last hour and the next
+    assert job.tasks_per_hour(8, 3, big) == 6
+    assert job.tasks_per_hour(2, 4, big) == 1  # enough hours to keep every core busy
+    assert job.tasks_per_hour(8, 2, big - 1) == 1  # a small batch: a file per hour
+    assert job.tasks_per_hour(8, 0, big) == 1
+
+
+def test_hours_spread_over_tasks_give_the_same_tables_and_a_file_per_part(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch spread over several tasks per hour (here every batch: ``SPREAD_ROWS`` 0)
+    writes each hour in parts, an origin and sensor in one, and the tables are DuckDB's,
+    over a history and an increment that continues its last hour."""
+    monkeypatch.setattr(job, "SPREAD_ROWS", 0)
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    start = datetime(2026, 11, 20, 10, tzinfo=UTC)
+    write_landing(landing, 4_000, origins=6, sensors=12, seed=8, start=start, span_s=7000)
+    # As a cluster's: more reducers than this session's two, and none merged (AQE would
+    # merge these small ones, and an hour's parts with them).
+    conf = {
+        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
+    }
+    before = {k: spark.conf.get(k) for k in conf}
+    try:
+        for k, v in conf.items():
+            spark.conf.set(k, v)
+        _run(spark, landing, wh)
+        write_landing(
+            landing, 2_000, origins=6, sensors=12, seed=9, start=start + timedelta(minutes=100),
+            span_s=3600, id_offset=4_000, name="next",
+        )  # fmt: skip
+        s = _run(spark, landing, wh)
+    finally:
+        for k, v in before.items():
+            spark.conf.set(k, v)
+    assert s["readings_written"] == 2_000
+    for table in ("readings/date=2026-11-20/hour=11/batch=1", "rollup_1m/date=2026-11-20/hour=11"):
+        assert len(list((wh / table).glob("*.parquet"))) > 1, table
+    ones = spark.read.parquet(str(wh / "readings" / "date=2026-11-20" / "hour=11" / "batch=1"))
+    files = (
+        ones.withColumn("f", F.input_file_name())
+        .groupBy("origin", "sensor")
+        .agg(F.countDistinct("f").alias("n"))
+    )
+    assert files.where("n > 1").count() == 0, "an origin and sensor split over parts"
+    _agrees(landing, wh)
 
 
 def test_rerun_with_new_hours_rewrites_only_them_and_redelivered_files_change_nothing(
