@@ -461,9 +461,11 @@ def other_hours(hourly: DataFrame, hours: list[tuple[str, int]]) -> DataFrame:
 
 
 def _first_last(ts: Column, tie: Column, value: Column) -> list[Column]:
-    first = F.min_by(F.struct(value.alias("v"), ts.alias("t")), F.struct(ts, tie))
-    last = F.max_by(F.struct(value.alias("v"), ts.alias("t")), F.struct(ts, tie))
-    return [first.alias("first"), last.alias("last")]
+    """The value at the smallest and at the largest (``ts``, ``tie``) of a group, with its
+    ``ts`` (fields ``v`` and ``t``). The minimum of one struct, not ``min_by`` of one by
+    another: a comparison a row, not a comparison and two structs copied."""
+    order = F.struct(ts.alias("t"), tie.alias("k"), value.alias("v"))
+    return [F.min(order).alias("first"), F.max(order).alias("last")]
 
 
 def _rollup_select(grouped_cols: list[str], extra: list[Column]) -> list[Column]:
@@ -522,14 +524,8 @@ def rollup_up(finer: DataFrame, unit: str) -> DataFrame:
         F.min("min").alias("min"),
         F.max("max").alias("max"),
         F.sum("sum").cast(SUM).alias("sum"),
-        F.min_by(
-            F.struct(F.col("first_value").alias("v"), F.col("first_ts").alias("t")),
-            F.struct("first_ts", "window_start"),
-        ).alias("first"),
-        F.max_by(
-            F.struct(F.col("last_value").alias("v"), F.col("last_ts").alias("t")),
-            F.struct("last_ts", "window_start"),
-        ).alias("last"),
+        _first_last(F.col("first_ts"), F.col("window_start"), F.col("first_value"))[0],
+        _first_last(F.col("last_ts"), F.col("window_start"), F.col("last_value"))[1],
         F.max("unit").alias("unit"),
         _kind(),
     )
