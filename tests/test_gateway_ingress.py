@@ -303,11 +303,14 @@ def test_store_full_means_no_acknowledgement(tmp_path: Path) -> None:
         ]
         # The refusal closes the connection: every PUBACK the gateway sent came before it.
         assert node.disconnected.wait(30)
-        acked = [m for m in mids if m in node.acks]
+        acked = {f"node-1/1/{s}" for s, m in enumerate(mids, start=1) if m in node.acks}
         node.c.loop_stop()
         assert 0 < len(acked) < len(mids)  # acknowledged up to the quota, then not at all
         stored = {rid.rsplit(".", 1)[0] for rid in h.ids()}
-        assert len(stored) == len(acked)  # every acknowledged message is in the store
+        # Every acknowledged message is in the store. Not every stored one was seen
+        # acknowledged: PUBACKs sent just before the close can be lost with it (the
+        # node's unread bytes make the close a reset); the node sends those again.
+        assert acked <= stored and len(stored) < len(mids)
         assert h.ingress.stats["node-1"].rejected["store_full"] >= 1
     finally:
         h.close()
