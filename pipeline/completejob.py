@@ -6,8 +6,16 @@ Tables (Parquet, dynamic partition overwrite, so a replayed batch rewrites only 
 - ``records`` and ``ledger`` (by batch): the batch's records whose id no earlier batch
   kept (a replay reads the earlier batches only, and writes the same rows again);
 - ``landed`` (by batch): the positions the batch landed, as ranges;
+- ``ledger_state`` (``bucket=B/gen=G``): the ledgers compacted (``completeness.ledger_state``:
+  a row per stream, the latest ledger's held ranges, each reason's range once), so that
+  what a batch reads of them follows the fleet's streams, not the number of ledgers ever
+  sent. Batch ``G`` appends the compacted state of each bucket it brought ledger rows
+  to as generation ``G`` and then deletes that bucket's older generations; compacting
+  is idempotent, so a killed write read back with its older generations, or written
+  twice, changes nothing. Until ``_built`` is in it, the state is built from every batch
+  of ``ledger`` (a warehouse written before it, or a first build killed midway);
 - ``completeness`` and ``completeness_gaps`` (by bucket of the gateway): recomputed for
-  every gateway in the buckets the batch touched, from ``landed`` and ``ledger``.
+  every gateway in the buckets the batch touched, from ``landed`` and ``ledger_state``.
 """
 
 from __future__ import annotations
@@ -15,10 +23,19 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pubcomp.sync import faults
+from pubcomp.sync.faults import crash_point
+
 from . import completeness as C
 from .sparkenv import hadoop_path, path_exists
 
-TABLES = ("records", "ledger", "landed", "completeness", "completeness_gaps")
+# A crash point (sync/faults.py): the batch's ledger state appended, the generations it
+# replaces not yet deleted (both are read back: compacting them again changes nothing).
+faults.register("pipeline_ledger_state_written")
+
+TABLES = ("records", "ledger", "ledger_state", "landed", "completeness", "completeness_gaps")
+STATE = "ledger_state"
+BUILT = "_built"  # in ledger_state once it holds every ledger row of every batch before
 
 
 class CompletenessTables:
@@ -39,42 +56,117 @@ class CompletenessTables:
         """``parsed``: the batch's lines (``transforms.parse_landing``, cached by the job);
         ``n_records``: how many of them are good records; ``buckets``: the buckets of
         their gateways (``completeness.bucket``)."""
-        if n_records:
-            self._records(parsed, batch_id)
+        new = self._records(parsed, batch_id) if n_records else None
         C.landed_ranges(parsed, batch_id).write.mode("overwrite").partitionBy("batch").parquet(
             self.path("landed")
         )
-        if buckets:
-            self._recompute(buckets)
+        state, written = self._state(new, buckets, batch_id)
+        touched = sorted(set(buckets) | written)
+        if touched:
+            self._recompute(touched, state)
+        self._drop_older_state(written, batch_id)
 
-    def _records(self, parsed: DataFrame, batch_id: int) -> None:
+    def _records(self, parsed: DataFrame, batch_id: int) -> DataFrame | None:
+        """Write the batch's new records and ledger rows; the ledger rows (``None``: none)."""
         kept = C.kept_records(parsed, batch_id).localCheckpoint(eager=True)
+        new_ledger = None
         for table, schema in (("records", C.RECORDS_SCHEMA), ("ledger", C.LEDGER_SCHEMA)):
             earlier = self._earlier(table, schema, batch_id)
             new = kept if earlier is None else kept.join(earlier.select("id"), "id", "left_anti")
             if table == "ledger":
                 ledger = C.ledger_records(new).localCheckpoint(eager=True)
-                rows = C.ledger_rows(ledger)
+                rows = new_ledger = C.ledger_rows(ledger).localCheckpoint(eager=True)
             else:
                 rows = new.where(F.col("sensor") != C.LEDGER_SENSOR)
                 rows = rows.select(*C.RECORDS_SCHEMA.names)
             # A batch with none writes nothing (an overwrite with no rows leaves the
             # partition of a replay as it was: the same rows).
             rows.coalesce(1).write.mode("overwrite").partitionBy("batch").parquet(self.path(table))
+        return new_ledger
 
-    def _recompute(self, buckets: list[int]) -> None:
+    # ------------------------------------------------------------ the ledgers' state
+
+    def _generations(self) -> dict[int, list[int]]:
+        fs, pattern = hadoop_path(self.spark, self.path(STATE) + "/bucket=*/gen=*")
+        gens: dict[int, list[int]] = {}
+        for st in fs.globStatus(pattern) or []:
+            p = st.getPath()
+            b = int(p.getParent().getName().removeprefix("bucket="))
+            gens.setdefault(b, []).append(int(p.getName().removeprefix("gen=")))
+        return gens
+
+    def _state(
+        self, new: DataFrame | None, buckets: list[int], batch_id: int
+    ) -> tuple[DataFrame, set[int]]:
+        """The compacted ledgers of ``buckets`` and of the buckets ``new`` (the batch's
+        ledger rows) falls in, and the buckets whose state the batch wrote."""
+        spark = self.spark
+        empty = spark.createDataFrame([], C.STATE_SCHEMA)
+        if not path_exists(spark, f"{self.path(STATE)}/{BUILT}"):
+            return self._build_state(batch_id, empty)
+        told: set[int] = set()  # the buckets the batch's ledger rows fall in
+        if new is not None:
+            told = {int(r[0]) for r in new.select(C.bucket(F.col("gateway"))).distinct().collect()}
+        gens, mine = self._generations(), set(buckets) | told
+        paths = [
+            f"{self.path(STATE)}/bucket={b}/gen={g}" for b in sorted(mine) for g in gens.get(b, [])
+        ]
+        read = spark.read.schema(C.STATE_SCHEMA).option("basePath", self.path(STATE))
+        old = read.parquet(*paths).select(*C.STATE_COLUMNS) if paths else empty
+        if new is None or not told:
+            return old.localCheckpoint(eager=True), set()
+        rows = old.drop("bucket").unionByName(new.drop("batch"))
+        state = C.ledger_state(rows).localCheckpoint(eager=True)
+        self._append_state(state.where(F.col("bucket").isin(*told)), batch_id)
+        crash_point("pipeline_ledger_state_written")
+        return state, told
+
+    def _build_state(self, batch_id: int, empty: DataFrame) -> tuple[DataFrame, set[int]]:
+        """Every bucket's state from every batch of ``ledger`` (this one's included), then
+        ``_built``; whatever a killed build left is compacted with it."""
+        ledger = self._earlier("ledger", C.LEDGER_SCHEMA, -1)
+        if ledger is None:
+            state, written = empty, set()
+        else:
+            state = C.ledger_state(ledger.drop("batch")).localCheckpoint(eager=True)
+            written = {int(r[0]) for r in state.select("bucket").distinct().collect()}
+            self._append_state(state, batch_id)
+        fs, p = hadoop_path(self.spark, f"{self.path(STATE)}/{BUILT}")
+        fs.create(p, True).close()
+        return state, written
+
+    def _append_state(self, state: DataFrame, batch_id: int) -> None:
+        # Appended, never overwritten: an overwrite deletes a partition before it renames
+        # the new one in, and a kill between would lose a bucket's only state. What a
+        # killed append left under _temporary must not join this job's output.
+        fs, p = hadoop_path(self.spark, f"{self.path(STATE)}/_temporary")
+        fs.delete(p, True)
+        state.withColumn("gen", F.lit(batch_id).cast("long")).repartition("bucket").write.mode(
+            "append"
+        ).partitionBy("bucket", "gen").parquet(self.path(STATE))
+
+    def _drop_older_state(self, written: set[int], batch_id: int) -> None:
+        """The generations the batch's own replaced (at its end: nothing reads them now)."""
+        if not written:
+            return
+        for b, gens in self._generations().items():
+            for g in gens:
+                if b in written and g != batch_id:
+                    fs, p = hadoop_path(self.spark, f"{self.path(STATE)}/bucket={b}/gen={g}")
+                    fs.delete(p, True)
+
+    # ------------------------------------------------------------ the table
+
+    def _recompute(self, buckets: list[int], state: DataFrame) -> None:
         """Every stream of the gateways in ``buckets``: both tables' partitions of them."""
         spark = self.spark
         mine = C.bucket(F.col("gateway")).isin(buckets)
         landed = spark.read.schema(C.LANDED_SCHEMA).parquet(self.path("landed")).where(mine)
-        ledger = self._earlier("ledger", C.LEDGER_SCHEMA, -1)
-        if ledger is None:
-            ledger = spark.createDataFrame([], C.LEDGER_SCHEMA)
-        ledger = ledger.where(mine)
+        state = state.where(F.col("bucket").isin(buckets))
         # Materialised once: the table below is built from them, not from their plan
         # (joins and windows over every stream of the buckets) again.
-        gaps = C.missing_ranges(landed, ledger).localCheckpoint(eager=True)
-        table = C.hourly(landed, ledger, gaps)
+        gaps = C.missing_ranges(landed, state).localCheckpoint(eager=True)
+        table = C.hourly(landed, state, gaps)
         # The buckets' old gaps go first: a bucket with none left would keep them (an
         # overwrite with no rows writes nothing). A crash before the write is replayed.
         for b in buckets:

@@ -36,8 +36,10 @@ missing range), for a stream of gateway ``g``:
   window end. A landed position's hour is its own (copies share it).
 
 Recomputed, not merged: each batch recomputes every stream of the gateways in the
-buckets its lines touch (``BUCKETS`` by gateway) from ``landed`` and ``ledger``, which
-hold ranges, not readings, and writes those buckets of both tables. A later batch can
+buckets its lines touch (``BUCKETS`` by gateway) from ``landed`` and the ledgers
+compacted (``ledger_state``: a row per stream, the latest ledger's held ranges, each
+reason's range once), which hold ranges, not readings, and writes those buckets of both
+tables. A later batch can
 change any hour of an old stream (a late copy fills a gap, a ledger explains one), so
 the rows of a gateway are only right when all of its streams are seen together; and a
 gateway's ranges are few (a row per stream, hour and gap), so this costs what the
@@ -118,6 +120,18 @@ LEDGER_SCHEMA = StructType(
     ]
 )
 LEDGER_COLUMNS = LEDGER_SCHEMA.names
+
+# ``ledger_state`` (``ledger_state``'s rows, by bucket of the gateway): what the rules
+# read of a gateway's ledgers, whatever their number. ``what`` is ``told`` (a stream's
+# largest position any ledger named: ``lo`` = ``hi``), ``head`` (the gateway's latest
+# ledger: its id, seq, ts and window), ``held`` (that ledger's), or a reason's range
+# (``_REASON_ROWS``). Rows that are no one ledger's (told, reasons) have id "", seq -1.
+STATE_SCHEMA = StructType(
+    [f for f in LEDGER_SCHEMA.fields if f.name != "batch"]
+    + [StructField("bucket", IntegerType(), False)]
+)
+STATE_COLUMNS = STATE_SCHEMA.names
+_REASON_ROWS = ("evicted", "dead_letter", "refused", "node_dropped", "skipped")
 
 RECORDS_SCHEMA = StructType(
     [
@@ -278,6 +292,54 @@ def ledger_rows(base: DataFrame) -> DataFrame:
     return out.where(ok & (F.col("lo") >= 0)).select(*LEDGER_COLUMNS)
 
 
+def ledger_state(rows: DataFrame) -> DataFrame:
+    """The compacted ledger (``STATE_SCHEMA``) of ``ledger`` rows, of state rows, or of
+    both: a ``told`` row per stream (the largest position named), a ``head`` row per
+    gateway (its latest ledger, by ``_latest_order``), that ledger's ``held`` rows, and
+    each reason's range once per stream, reason, detail and bounds, at its earliest time
+    (a piece takes the reason of least priority, then time: a later telling of the same
+    range changes nothing). The rules read nothing else, so the table is the same from
+    the state as from every ledger. Compacting is idempotent and associative: the state
+    and a batch's new rows compact to the state of all of them, and a row written twice
+    (a killed write, replayed) changes nothing."""
+    rows = rows.select(*STATE_COLUMNS[:-1])
+    none_s, none_t = F.lit(None).cast(StringType()), F.lit(None).cast(TimestampType())
+    # (told and reason rows are no one ledger's: they hold no ledger's identity)
+    anon = {"id": F.lit(""), "epoch": F.lit(""), "seq": F.lit(-1).cast(LongType()),
+            "ts": none_t, "window_end": none_t}  # fmt: skip
+
+    def as_state(df: DataFrame, **cols: Column) -> DataFrame:
+        return df.select(*[cols.get(c, F.col(c)).alias(c) for c in STATE_COLUMNS[:-1]])
+
+    named = rows.where(F.col("what") != "head").groupBy("gateway", "stream")
+    told = as_state(
+        named.agg(F.max("hi").alias("hi")),
+        **anon, window_start=none_t, what=F.lit("told"), reason=none_s, at=none_t,
+        lo=F.col("hi"),
+    )  # fmt: skip
+    order = F.struct(_latest_order(), "epoch", "ts", "window_start", "window_end")
+    latest = rows.where(F.col("id") != "").groupBy("gateway").agg(F.max(order).alias("h"))
+    head = as_state(
+        latest, id=F.col("h.o.id"), epoch=F.col("h.epoch"), seq=F.col("h.o.seq"),
+        ts=F.col("h.ts"), window_start=F.col("h.window_start"),
+        window_end=F.col("h.window_end"), stream=F.lit(""), what=F.lit("head"), reason=none_s,
+        at=none_t, lo=F.lit(0).cast(LongType()), hi=F.lit(0).cast(LongType()),
+    )  # fmt: skip
+    held = (
+        rows.where(F.col("what") == "held")
+        .join(head.select("gateway", "id"), on=["gateway", "id"], how="left_semi")
+        .distinct()
+    )
+    reasons = as_state(
+        rows.where(F.col("what").isin(*_REASON_ROWS))
+        .groupBy("gateway", "stream", "what", "reason", "lo", "hi")
+        .agg(F.min("window_start").alias("window_start"), F.min("at").alias("at")),
+        **anon,
+    )
+    out = told.unionByName(head).unionByName(held).unionByName(reasons)
+    return out.withColumn("bucket", bucket(F.col("gateway")))
+
+
 # ------------------------------------------------------------------ landed positions
 
 
@@ -361,43 +423,43 @@ def _kind() -> Column:
 
 def _latest_order() -> Column:
     """Which of a gateway's ledgers is its latest: by window end (else time), then seq."""
-    return F.struct(F.coalesce("window_end", "ts").alias("wt"), "seq", "id")
+    return F.struct(F.coalesce("window_end", "ts").alias("wt"), "seq", "id").alias("o")
 
 
-def reason_ranges(ledger: DataFrame) -> DataFrame:
+def reason_ranges(state: DataFrame) -> DataFrame:
     """Every range a reason covers, with its priority (``REASONS``' order), detail and time:
-    the held ranges of each gateway's latest ledger, every ledger's other reasons."""
-    latest = (
-        ledger.groupBy("gateway")
-        .agg(F.max(_latest_order()).alias("o"))
-        .select("gateway", F.col("o.id").alias("latest"))
-    )
-    held = (
-        ledger.where(F.col("what") == "held")
-        .join(latest, on="gateway")
-        .where(F.col("id") == F.col("latest"))
-        .select("gateway", "stream", "what", "reason", F.col("window_end").alias("rt"), "lo", "hi")
+    the held ranges of each gateway's latest ledger, every ledger's other reasons.
+    ``state``: ``ledger_state``'s rows."""
+    held = state.where(F.col("what") == "held").select(
+        "gateway", "stream", "what", "reason", F.col("window_end").alias("rt"), "lo", "hi"
     )
     timed = F.when(F.col("what").isin("evicted", "dead_letter"), F.col("at")).otherwise(
         F.col("window_start")
     )
-    others = ledger.where(
-        F.col("what").isin("evicted", "dead_letter", "refused", "node_dropped", "skipped")
-    ).select("gateway", "stream", "what", "reason", timed.alias("rt"), "lo", "hi")
+    others = state.where(F.col("what").isin(*_REASON_ROWS)).select(
+        "gateway", "stream", "what", "reason", timed.alias("rt"), "lo", "hi"
+    )
     prio = F.lit(len(REASONS))
     for i, r in enumerate(REASONS):
         prio = F.when(F.col("what") == r, F.lit(i)).otherwise(prio)
     return held.unionByName(others).withColumn("prio", prio)
 
 
-def streams_of(landed: DataFrame, ledger: DataFrame) -> DataFrame:
+def streams_of(landed: DataFrame, state: DataFrame) -> DataFrame:
     """Per (gateway, stream): ``kind``, the first position, ``told`` (null: never told),
-    ``top`` (the last position expected) and the gateway's latest ledger's window end."""
-    told = ledger.groupBy("gateway", "stream").agg(F.max("hi").alias("told"))
+    ``top`` (the last position expected) and the gateway's latest ledger's window end.
+    ``state``: ``ledger_state``'s rows."""
+    told = (
+        state.where(F.col("what") == "told")
+        .groupBy("gateway", "stream")
+        .agg(F.max("hi").alias("told"))
+    )
     got = landed.groupBy("gateway", "stream").agg(F.max("hi").alias("got"))
-    last = ledger.groupBy("gateway").agg(F.max(_latest_order()).alias("o"))
+    last = state.where(F.col("what") == "head").select(
+        "gateway", F.coalesce("window_end", "ts").alias("last_t")
+    )
     s = got.join(told, on=["gateway", "stream"], how="full")
-    s = s.join(last.select("gateway", F.col("o.wt").alias("last_t")), on="gateway", how="left")
+    s = s.join(last, on="gateway", how="left")
     kind = _kind()
     return s.select(
         "gateway",
@@ -430,16 +492,16 @@ def _new_parts(landed: DataFrame) -> DataFrame:
     )
 
 
-def missing_ranges(landed: DataFrame, ledger: DataFrame) -> DataFrame:
-    """``completeness_gaps`` of every stream in ``landed`` and ``ledger`` (all of their
-    gateways' rows): each stream's missing ranges, per reason, detail and hour, by the
-    rules in the module's docstring. (A caller that writes both tables materialises
-    these first: ``hourly`` reads them.)"""
+def missing_ranges(landed: DataFrame, state: DataFrame) -> DataFrame:
+    """``completeness_gaps`` of every stream in ``landed`` and ``state`` (all of their
+    gateways' rows; ``state``: ``ledger_state`` of their ledgers): each stream's missing
+    ranges, per reason, detail and hour, by the rules in the module's docstring. (A
+    caller that writes both tables materialises these first: ``hourly`` reads them.)"""
     # Both are read by several branches below: materialised (a row per stream, a row
     # per reason's range), not planned again in each.
-    streams = streams_of(landed, ledger).localCheckpoint(eager=True)
+    streams = streams_of(landed, state).localCheckpoint(eager=True)
     why = (
-        reason_ranges(ledger)
+        reason_ranges(state)
         .select(
             F.col("gateway").alias("w_gateway"),
             F.col("stream").alias("w_stream"),
@@ -556,13 +618,14 @@ def _pieces(gaps: DataFrame, why: DataFrame) -> DataFrame:
     )
 
 
-def hourly(landed: DataFrame, ledger: DataFrame, gap_rows: DataFrame) -> DataFrame:
+def hourly(landed: DataFrame, state: DataFrame, gap_rows: DataFrame) -> DataFrame:
     """``completeness``: per stream and hour, expected, landed, missing by reason and
-    skipped, from the landed spans and the stream's missing ranges (``missing_ranges``)."""
+    skipped, from the landed spans, the ledgers' skipped seqs (``state``: ``ledger_state``)
+    and the stream's missing ranges (``missing_ranges``)."""
     # Landed per hour: the disjoint parts, less the skipped seqs inside them (a span may
     # hold seqs the store never gave).
     skipped = merge_ranges(
-        ledger.where(F.col("what") == "skipped").select(
+        state.where(F.col("what") == "skipped").select(
             "gateway", "stream", "lo", "hi", F.lit(None).cast(TimestampType()).alias("t")
         ),
         ["gateway", "stream"],

@@ -124,7 +124,7 @@ def test_a_gap_is_judged_in_pieces_cut_at_each_reason_and_at_what_was_told(spark
     )  # fmt: skip
     got = {
         (r.stream, r.lo, r.hi, r.reason, r.detail, r.hour)
-        for r in C.missing_ranges(landed, ledger).collect()
+        for r in C.missing_ranges(landed, C.ledger_state(ledger)).collect()
     }
     assert got == {
         ("g1/e1", 11, 99, "unexplained", None, t(2)),
@@ -141,6 +141,112 @@ def test_a_gap_is_judged_in_pieces_cut_at_each_reason_and_at_what_was_told(spark
         ("n1/1", 10, 12, "node_dropped", "ring_overflow", t(1)),
         ("n1/1", 13, 49, "unreported", None, t(0)),
     }
+
+
+def test_the_ledgers_state_is_one_row_a_stream_and_the_same_however_it_was_built(
+    spark: Any,
+) -> None:
+    """``ledger_state``: ledgers that tell the same streams again compact to a told row per
+    stream, the latest ledger's held ranges and each reason's range once at its earliest
+    time; compacted in one go, ledger by ledger, or with every row written twice (a
+    killed append read back), the same rows and the same gaps."""
+    from datetime import datetime
+
+    from pubcomp.pipeline import completeness as C
+
+    def t(hh: int, mm: int = 0) -> datetime:
+        return datetime(2026, 11, 20, hh, mm)
+
+    def ledger(seq: int, end: datetime, held: tuple[int, int], top: int) -> list[tuple[Any, ...]]:
+        head = (f"g1/e1/{seq}", "g1", "e1", seq, end, end.replace(minute=0), end)
+        return [(*head, s, w, r, at, lo, hi, seq) for s, w, r, at, lo, hi in [
+            ("g1/e1", "top", None, None, top, top),
+            ("g1/e1", "stored", None, None, 1, top),
+            ("g1/e1", "held", None, None, *held),
+            ("g1/e1", "refused", "bad_ts", None, 40, 45),
+            ("g1/e1", "evicted", None, t(0, 5), 20, 25),
+            ("n1/1", "node_dropped", "ring_overflow", None, 3, 4),
+        ]]  # fmt: skip
+
+    ledgers = [ledger(100, t(1), (50, 60), 100), ledger(200, t(2), (90, 120), 200),
+               ledger(150, t(1, 30), (70, 80), 150)]  # fmt: skip
+    raw = [spark.createDataFrame(rows, C.LEDGER_SCHEMA) for rows in ledgers]
+    everything = raw[0].unionByName(raw[1]).unionByName(raw[2])
+
+    def rows(df: Any) -> set[tuple[Any, ...]]:
+        return {tuple(r) for r in df.collect()}
+
+    at_once = C.ledger_state(everything)
+    state = None
+    for r in raw:  # as batches do: the state so far and the batch's new rows
+        new = r.drop("batch")
+        state = C.ledger_state(new if state is None else state.drop("bucket").unionByName(new))
+        state = state.localCheckpoint(eager=True)  # as the job does (a plan a batch, not nested)
+    assert state is not None
+    twice = C.ledger_state(
+        state.unionByName(state).drop("bucket").unionByName(raw[0].drop("batch"))
+    )
+    assert rows(at_once) == rows(state) == rows(twice)
+    got = {(r.what, r.stream, r.lo, r.hi, r.reason, r.id, r.window_start, r.at) for r in
+           at_once.collect()}  # fmt: skip
+    assert got == {
+        ("told", "g1/e1", 200, 200, None, "", None, None),
+        ("told", "n1/1", 4, 4, None, "", None, None),
+        ("head", "", 0, 0, None, "g1/e1/200", t(2), None),
+        ("held", "g1/e1", 90, 120, None, "g1/e1/200", t(2), None),  # the latest's only
+        ("refused", "g1/e1", 40, 45, "bad_ts", "", t(1), None),  # told first at t(1)
+        ("evicted", "g1/e1", 20, 25, None, "", t(1), t(0, 5)),
+        ("node_dropped", "n1/1", 3, 4, "ring_overflow", "", t(1), None),
+    }
+    landed = spark.createDataFrame(
+        [("g1", "g1/e1", 1, 10, t(0), 0), ("g1", "n1/1", 0, 1, t(0), 0)], C.LANDED_SCHEMA
+    )
+    assert rows(C.missing_ranges(landed, at_once)) == rows(C.missing_ranges(landed, twice))
+
+
+@pytest.mark.timeout(900)
+def test_a_run_killed_after_the_ledger_state_is_written_converges(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The kill comes after a batch appended its buckets' state and before it deleted the
+    generations it replaces: the replay reads both, compacts them again, and the tables
+    are DuckDB's; once it has run, a generation per bucket is left."""
+    import os
+    import subprocess
+
+    from devkit import hooked
+
+    gen, landing, wh = tmp_path / "gen", tmp_path / "landing", tmp_path / "wh"
+    spec = FleetSpec(gateways=2, nodes=1, readings=900, roll_minutes=10, seed=11,
+                     node_drops=1, refusals=1, held=1, unexplained=1)  # fmt: skip
+    files = simulate(gen, spec)["files"]
+    half = len(files) // 2
+
+    def land(part: list[dict[str, Any]]) -> None:
+        for f in part:
+            (landing / f["file"]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(gen / f["file"], landing / f["file"])
+
+    land(files[:half])
+    _run(spark, landing, wh)
+    land(files[half:])
+    cmd = hooked.command("pipeline", "run", "--landing", str(landing))
+    cmd += ["--warehouse", str(wh), "--master", "local[1]"]
+    env = {**os.environ, "PUBCOMP_CRASH_AT": "pipeline_ledger_state_written"}
+    killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    gens = {b.name: sorted(g.name for g in b.glob("gen=*")) for b in
+            (wh / "ledger_state").glob("bucket=*")}  # fmt: skip
+    assert any(len(g) == 2 for g in gens.values()), gens  # the old and the new, both there
+    s = _run(spark, landing, wh)  # replays the batch
+    assert s["batches"] == [1]
+    con = ref.build(landing)
+    res = ref.compare(con, wh)
+    for table, (_, only_spark, only_duck) in res.items():
+        assert only_spark == 0 and only_duck == 0, (table, res)
+    gens = {b.name: sorted(g.name for g in b.glob("gen=*")) for b in
+            (wh / "ledger_state").glob("bucket=*")}  # fmt: skip
+    assert gens and all(len(g) == 1 for g in gens.values()), gens
 
 
 # ------------------------------------------------------------ a fleet's planted holes
