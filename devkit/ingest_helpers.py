@@ -64,6 +64,20 @@ class IngestProc:
             time.sleep(0.05)
         raise TimeoutError(self.log.read_text()[-3000:])
 
+    def wait_killed(self, timeout: float = 60.0, broker_log: Path | None = None) -> int:
+        """The exit code once the armed crash point has killed the process; on a timeout an
+        AssertionError carrying the log, not a bare TimeoutExpired (a CI run's only trace)."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            n = len(landed(self.landing, rolled_only=False))
+            raise AssertionError(
+                f"ingest not killed within {timeout} s ({n} ids landed); its log:\n"
+                + self.log.read_text()[-4000:]
+                + (f"\nthe broker's:\n{broker_log.read_text()[-4000:]}" if broker_log else "")
+            ) from None
+
     def crashed_at(self) -> str:
         """What the crash point wrote before the kill ("" if none fired)."""
         return self.marker.read_text().strip() if self.marker.exists() else ""

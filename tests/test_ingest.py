@@ -67,7 +67,7 @@ def test_sigkill_inside_the_receive_handshake_lands_nothing_twice(
     ids = fill_store(tmp_path / "gw.db", 2000, gateway="gw1")
     res = run_uplink(tmp_path / "gw.db", persistent_mosquitto.url, "--batch", "20")
     assert res.returncode == 0, res.stderr
-    assert ing.proc is not None and ing.proc.wait(30) == -9
+    assert ing.wait_killed(broker_log=persistent_mosquitto.log_path) == -9
     assert ing.crashed_at().startswith(f"{point} {handling}"), ing.crashed_at()
     ing.start()  # recovers: rolls the dead run's file, rebuilds the receive state
     _wait_landed(landing, ids)
@@ -95,7 +95,7 @@ def test_crash_points_fire_only_on_the_packet_they_name(
          "unit": "C", "flags": []}]}  # fmt: skip
     assert ing.proc is not None and ing.proc.poll() is None, ing.crashed_at()
     c.publish("telemetry/gw7/readings", json.dumps(msg).encode(), qos=2).wait_for_publish(10)
-    assert ing.proc.wait(30) == -9
+    assert ing.wait_killed(broker_log=persistent_mosquitto.log_path) == -9
     assert ing.crashed_at() == "ingest_landed PUBLISH x1 ids 1"
     c.loop_stop()
     c.disconnect()
@@ -238,7 +238,7 @@ def test_sigkill_between_write_and_pubrec_then_the_pipeline_has_each_once(
     ids = fill_store(tmp_path / "gw.db", 1000, gateway="gw1")
     res = run_uplink(tmp_path / "gw.db", persistent_mosquitto.url, "--batch", "20")
     assert res.returncode == 0, res.stderr
-    assert ing.proc is not None and ing.proc.wait(30) == -9
+    assert ing.wait_killed(broker_log=persistent_mosquitto.log_path) == -9
     assert ing.crashed_at().startswith("ingest_landed PUBLISH x"), ing.crashed_at()
     ing.start()
     _wait_landed(landing, ids)
