@@ -241,11 +241,18 @@ def fleet(args: argparse.Namespace) -> int:
             rest = truth["files"]
             landed = 0
             for h in histories:
-                hist, rest = _take(rest, h - landed)
-                landed += _move(hist, gen, landing)
-                t0 = time.monotonic()
-                hs = Pipeline(spark, str(landing), str(wh)).run()
-                hist_s = time.monotonic() - t0
+                # The history lands in runs of at most --history-batch lines, as a
+                # warehouse's history arrives over batches (and no run holds 40M lines).
+                hist_s, runs = 0.0, 0
+                while landed < h or not runs:
+                    hist, rest = _take(rest, min(h - landed, int(args.history_batch)))
+                    if not hist and runs:
+                        break
+                    landed += _move(hist, gen, landing)
+                    runs += 1
+                    t0 = time.monotonic()
+                    hs = Pipeline(spark, str(landing), str(wh)).run()
+                    hist_s += time.monotonic() - t0
                 inc_files, rest = _take(rest, increment)
                 alone_landing = tmp / "alone-landing"
                 wh_inc = tmp / "wh-inc"
@@ -307,6 +314,9 @@ def main() -> int:
     ap.add_argument("--histories", default="1e6,1e7,5e7", help="fleet: history sizes, lines")
     ap.add_argument("--streams", default="100,10000", help="fleet: active streams")
     ap.add_argument("--check-upto", type=float, default=1e7, help="fleet: DuckDB check up to H")
+    ap.add_argument(
+        "--history-batch", type=float, default=1e7, help="fleet: the history's lines per run"
+    )
     ap.add_argument("--tmp", default=None, help="fleet: where the landing and warehouses go")
     args = ap.parse_args()
     if args.fleet:
