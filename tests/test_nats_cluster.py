@@ -222,6 +222,9 @@ def test_retained_qos1_reaches_later_subscribers_on_every_node(cluster: NatsClus
     publish_retained(port_of(cluster, 2), topic, b"up to 100", "ingest-a")
     assert first_retained(port_of(cluster, 0), topic, "gw-a") == (b"up to 100", 1)
     cluster.kill(2)  # the node it was published on
+    # Until the streams whose leader it was have a leader on a live node, a SUBSCRIBE
+    # waits for the election (a CI run's took over 40 s on a loaded machine).
+    cluster.wait_ready(90)
     assert first_retained(port_of(cluster, 1), topic, "gw-b") == (b"up to 100", 1)
     publish_retained(port_of(cluster, 1), topic, b"up to 200", "ingest-b")
     cluster.start_node(2)
