@@ -27,6 +27,7 @@ from pubcomp.sync import faults
 from pubcomp.sync.faults import crash_point
 
 from . import completeness as C
+from .generations import Generations
 from .sparkenv import hadoop_path, path_exists
 
 # A crash point (sync/faults.py): the batch's ledger state appended, the generations it
@@ -42,6 +43,7 @@ class CompletenessTables:
     def __init__(self, spark: SparkSession, warehouse: str) -> None:
         self.spark = spark
         self.wh = warehouse.rstrip("/")
+        self.state = Generations(spark, self.path(STATE))
 
     def path(self, table: str) -> str:
         return f"{self.wh}/{table}"
@@ -86,15 +88,6 @@ class CompletenessTables:
 
     # ------------------------------------------------------------ the ledgers' state
 
-    def _generations(self) -> dict[int, list[int]]:
-        fs, pattern = hadoop_path(self.spark, self.path(STATE) + "/bucket=*/gen=*")
-        gens: dict[int, list[int]] = {}
-        for st in fs.globStatus(pattern) or []:
-            p = st.getPath()
-            b = int(p.getParent().getName().removeprefix("bucket="))
-            gens.setdefault(b, []).append(int(p.getName().removeprefix("gen=")))
-        return gens
-
     def _state(
         self, new: DataFrame | None, buckets: list[int], batch_id: int
     ) -> tuple[DataFrame, set[int]]:
@@ -107,10 +100,8 @@ class CompletenessTables:
         told: set[int] = set()  # the buckets the batch's ledger rows fall in
         if new is not None:
             told = {int(r[0]) for r in new.select(C.bucket(F.col("gateway"))).distinct().collect()}
-        gens, mine = self._generations(), set(buckets) | told
-        paths = [
-            f"{self.path(STATE)}/bucket={b}/gen={g}" for b in sorted(mine) for g in gens.get(b, [])
-        ]
+        gens, mine = self.state.on_disk(), set(buckets) | told
+        paths = [self.state.path(b, g) for b in sorted(mine) for g in gens.get(b, [])]
         read = spark.read.schema(C.STATE_SCHEMA).option("basePath", self.path(STATE))
         old = read.parquet(*paths).select(*C.STATE_COLUMNS) if paths else empty
         if new is None or not told:
@@ -136,24 +127,15 @@ class CompletenessTables:
         return state, written
 
     def _append_state(self, state: DataFrame, batch_id: int) -> None:
-        # Appended, never overwritten: an overwrite deletes a partition before it renames
-        # the new one in, and a kill between would lose a bucket's only state. What a
-        # killed append left under _temporary must not join this job's output.
-        fs, p = hadoop_path(self.spark, f"{self.path(STATE)}/_temporary")
-        fs.delete(p, True)
-        state.withColumn("gen", F.lit(batch_id).cast("long")).repartition("bucket").write.mode(
-            "append"
-        ).partitionBy("bucket", "gen").parquet(self.path(STATE))
+        # Appended, never overwritten, a replay's too: an overwrite deletes a partition
+        # before it renames the new one in, and a kill between would lose a bucket's only
+        # state; a replay's second copy of generation batch_id compacts to the same rows.
+        self.state.write(state, batch_id, replay=False)
 
     def _drop_older_state(self, written: set[int], batch_id: int) -> None:
         """The generations the batch's own replaced (at its end: nothing reads them now)."""
-        if not written:
-            return
-        for b, gens in self._generations().items():
-            for g in gens:
-                if b in written and g != batch_id:
-                    fs, p = hadoop_path(self.spark, f"{self.path(STATE)}/bucket={b}/gen={g}")
-                    fs.delete(p, True)
+        if written:
+            self.state.drop(self.state.on_disk(), written, batch_id)
 
     # ------------------------------------------------------------ the table
 

@@ -24,23 +24,17 @@ delete, the next run converts again and overwrites the same partitions.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from . import seenindex, transforms
+from .generations import Generations
+from .sparkenv import hadoop_path
 
 RANGES = "seen_ranges"
 EXCEPTIONS = "seen_exceptions"
 LEGACY = "seen_ids"
 _SCHEMAS = {RANGES: seenindex.RANGES_SCHEMA, EXCEPTIONS: transforms.SEEN_SCHEMA}
-
-
-def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
-    jvm: Any = spark._jvm
-    p = jvm.org.apache.hadoop.fs.Path(path)
-    return p.getFileSystem(spark._jsc.hadoopConfiguration()), p
 
 
 class SeenStore:
@@ -52,19 +46,15 @@ class SeenStore:
         return f"{self.wh}/{table}"
 
     def delete(self, path: str) -> None:
-        fs, p = _fs(self.spark, path)
+        fs, p = hadoop_path(self.spark, path)
         fs.delete(p, True)
+
+    def _gens(self, table: str) -> Generations:
+        return Generations(self.spark, self.path(table))
 
     def generations(self, table: str) -> dict[int, list[int]]:
         """Bucket -> its generations on disk (the batches that wrote them), oldest first."""
-        fs, pattern = _fs(self.spark, self.path(table) + "/bucket=*/gen=*")
-        gens: dict[int, list[int]] = {}
-        for st in fs.globStatus(pattern) or []:
-            if st.isDirectory():
-                p = st.getPath()
-                bucket = int(p.getParent().getName().removeprefix("bucket="))
-                gens.setdefault(bucket, []).append(int(p.getName().removeprefix("gen=")))
-        return {b: sorted(g) for b, g in gens.items()}
+        return self._gens(table).on_disk()
 
     def _read(self, table: str, paths: list[str]) -> DataFrame:
         return (
@@ -142,37 +132,21 @@ class SeenStore:
         return seenindex.merge_runs(old.select(*seenindex.RANGE_COLUMNS))
 
     def write(self, table: str, rows: DataFrame, batch_id: int, replay: bool) -> None:
-        """Generation ``batch_id`` of each bucket in ``rows``."""
-        write = (
-            rows.withColumn("gen", F.lit(batch_id).cast("long"))
-            .repartition("bucket")
-            .write.partitionBy("bucket", "gen")
-        )
-        if replay:  # generation batch_id is there: replaced, partition by partition
-            write.mode("overwrite").parquet(self.path(table))
-            return
-        # No generation batch_id anywhere yet, so nothing to replace: appended, which
-        # spares the dynamic overwrite's staging and a rename per bucket in the driver.
-        # What a killed append left half-committed is a generation batch_id: its replay
-        # takes the branch above. What it left uncommitted under _temporary must not
-        # join this job's output.
-        self.delete(f"{self.path(table)}/_temporary")
-        write.mode("append").parquet(self.path(table))
+        """Generation ``batch_id`` of each bucket in ``rows`` (``replay``: the batch wrote
+        some before it was killed; they are replaced)."""
+        self._gens(table).write(rows, batch_id, replay)
 
     def drop(
         self, table: str, index: dict[int, list[int]], compact: list[int], batch_id: int
     ) -> None:
         """Delete the generations a batch compacted (at its end: nothing reads them now)."""
-        for b in compact:
-            for g in index[b]:
-                if g != batch_id:
-                    self.delete(f"{self.path(table)}/bucket={b}/gen={g}")
+        self._gens(table).drop(index, compact, batch_id)
 
     # ------------------------------------------------------------ the old index
 
     def migrate(self) -> int:
         """Convert ``seen_ids`` (before issue 27) into the two tables; the rows read."""
-        fs, p = _fs(self.spark, self.path(LEGACY))
+        fs, p = hadoop_path(self.spark, self.path(LEGACY))
         if not fs.exists(p):
             return 0
         old = self.spark.read.schema(transforms.SEEN_SCHEMA).parquet(self.path(LEGACY))
