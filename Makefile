@@ -40,10 +40,11 @@ lint: $(STAMP)
 
 # Most tests wait on real processes (brokers, gateways, Spark): two workers side by side
 # (devkit/broker.py gives each its own slice of ports). TEST_WORKERS=0 runs them in one.
+# The slowest 25 are listed at the end: where the suite's half hour goes.
 TEST_WORKERS ?= 2
 
 test: setup lint
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 demo: setup
 	$(PY) -m devkit.demo
