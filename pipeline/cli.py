@@ -65,6 +65,11 @@ def register(sub: Any) -> None:
     prun.add_argument("--landing", required=True, help="landing directory (or URL)")
     prun.add_argument("--warehouse", required=True, help="warehouse directory (or URL)")
     prun.add_argument("--master", help="Spark master (default: local[*], or spark-submit's)")
+    prun.add_argument(
+        "--driver-memory",
+        help="the Spark driver's heap, e.g. 4g (local mode: every task's too; Spark's "
+        "default 1g runs short on a backlog of millions of lines)",
+    )
     prun.set_defaults(handler=_run("pipeline_run"))
     rep = psub.add_parser("report", help="an HTML page of the fleet: rollup charts, data quality")
     rep.add_argument("--warehouse", required=True, help="warehouse directory (or URL)")

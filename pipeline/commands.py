@@ -98,7 +98,7 @@ def pipeline_run(args: argparse.Namespace) -> int:
         )
     from .job import run
 
-    summary = run(args.landing, args.warehouse, args.master)
+    summary = run(args.landing, args.warehouse, args.master, args.driver_memory)
     print(summary.line(), flush=True)
     if summary.gateway_health:
         print(summary.gateway_health, flush=True)

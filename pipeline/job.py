@@ -572,8 +572,10 @@ def _placement(df: DataFrame, decided: bool) -> list[Any]:
     )
 
 
-def run(landing: str, warehouse: str, master: str | None = None) -> RunSummary:
-    spark = spark_session(master)
+def run(
+    landing: str, warehouse: str, master: str | None = None, driver_memory: str | None = None
+) -> RunSummary:
+    spark = spark_session(master, driver_memory=driver_memory)
     summary = Pipeline(spark, landing, warehouse).run()
     # The gateways' status messages: gateway_health (issue 15).
     summary.gateway_health = update_health(spark, landing, warehouse).line()

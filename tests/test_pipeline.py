@@ -342,7 +342,7 @@ def test_a_run_killed_mid_batch_converges_when_rerun(spark: Any, tmp_path: Path)
     landing, wh = tmp_path / "landing", tmp_path / "wh"
     write_landing(landing, 3_000, origins=2, sensors=4, seed=7)
     cmd = hooked.command("pipeline", "run", "--landing", str(landing))
-    cmd += ["--warehouse", str(wh), "--master", "local[1]"]
+    cmd += ["--warehouse", str(wh), "--master", "local[1]", "--driver-memory", "768m"]
     env = {**os.environ, "PUBCOMP_CRASH_AT": "pipeline_readings_written"}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
