@@ -38,10 +38,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	scripts/typecheck.sh
 
-# Most tests wait on real processes (brokers, gateways, Spark): two workers side by side
-# (devkit/broker.py gives each its own slice of ports). TEST_WORKERS=0 runs them in one.
-# The slowest 25 are listed at the end: where the suite's half hour goes.
-TEST_WORKERS ?= 2
+# Most tests wait on real processes (brokers, gateways, Spark): three workers side by side
+# (devkit/broker.py gives each its own slice of ports); on 2 cores a fresh clone took
+# 23 min with three, 29-30 with two (the CPU was busy 11 of 30 min). TEST_WORKERS=0
+# runs them in one. The slowest 25 are listed at the end: where the time goes.
+TEST_WORKERS ?= 3
 
 test: setup lint
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
