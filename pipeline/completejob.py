@@ -28,7 +28,7 @@ from pubcomp.sync.faults import crash_point
 
 from . import completeness as C
 from .generations import Generations
-from .sparkenv import hadoop_path, path_exists
+from .sparkenv import broadcast_if_small, hadoop_path, path_exists
 
 # A crash point (sync/faults.py): the batch's ledger state appended, the generations it
 # replaces not yet deleted (both are read back: compacting them again changes nothing).
@@ -71,10 +71,17 @@ class CompletenessTables:
     def _records(self, parsed: DataFrame, batch_id: int) -> DataFrame | None:
         """Write the batch's new records and ledger rows; the ledger rows (``None``: none)."""
         kept = C.kept_records(parsed, batch_id).localCheckpoint(eager=True)
+        ids = broadcast_if_small(kept.select("id").distinct().localCheckpoint(eager=True))
         new_ledger = None
         for table, schema in (("records", C.RECORDS_SCHEMA), ("ledger", C.LEDGER_SCHEMA)):
             earlier = self._earlier(table, schema, batch_id)
-            new = kept if earlier is None else kept.join(earlier.select("id"), "id", "left_anti")
+            new = kept
+            if earlier is not None:
+                # Every earlier id is read (its column only), but none shuffled: the
+                # batch's few thousand ids go to each task, and only the ids found
+                # there (a replay's, a resent record's) meet the batch's records.
+                again = earlier.select("id").join(ids, "id", "left_semi").distinct()
+                new = kept.join(again, "id", "left_anti")
             if table == "ledger":
                 ledger = C.ledger_records(new).localCheckpoint(eager=True)
                 rows = new_ledger = C.ledger_rows(ledger).localCheckpoint(eager=True)

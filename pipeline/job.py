@@ -50,7 +50,7 @@ from . import completeness, seenindex, transforms
 from .completejob import CompletenessTables
 from .health import update as update_health
 from .seenstore import EXCEPTIONS, RANGES, SeenStore
-from .sparkenv import hadoop_path, path_exists, spark_session
+from .sparkenv import SMALL, broadcast_if_small, hadoop_path, path_exists, spark_session
 
 log = logging.getLogger(__name__)
 
@@ -255,13 +255,14 @@ class Pipeline:
         rows = exceptions
         if runs is not None:
             positions = candidates.select("id", *seenindex.stream_position(F.col("id")))
-            claimed = _small(seenindex.claims(positions, runs).localCheckpoint(eager=True))
+            claimed = seenindex.claims(positions, runs).localCheckpoint(eager=True)
+            claimed = broadcast_if_small(claimed)
             found = self._kept_copies(candidates, claimed, exceptions, batch_id)
             if found is not None:
                 rows = found if rows is None else rows.unionByName(found)
         kept = transforms.kept_per_id(candidates, rows) if rows is not None else None
         if kept is not None:
-            kept = _small(kept.localCheckpoint(eager=True))
+            kept = broadcast_if_small(kept.localCheckpoint(eager=True))
         return transforms.against_index(candidates, kept, claimed)
 
     def _kept_copies(
@@ -513,9 +514,6 @@ class Pipeline:
         (runs / f"run-{stamp}.json").write_text(data + "\n")
 
 
-SMALL = 2_000_000  # rows a join hint broadcasts (a checkpoint's size is not known to Spark)
-
-
 # A batch this large spreads an hour over several tasks when it has fewer hours than the
 # cluster has cores. Below it, a file per hour: on small batches files cost more than rows.
 SPREAD_ROWS = 200_000
@@ -539,11 +537,6 @@ def spread_hours(readings: DataFrame, per_hour: int) -> DataFrame:
     an origin and sensor's readings whole (the rollups group by them)."""
     part = F.pmod(F.xxhash64("origin", "sensor"), F.lit(per_hour)) if per_hour > 1 else F.lit(0)
     return readings.withColumn(PART, part).repartition("date", "hour", PART)
-
-
-def _small(df: DataFrame) -> DataFrame:
-    """``df`` (checkpointed: counting it is cheap) hinted for a broadcast join if it is small."""
-    return F.broadcast(df) if df.count() < SMALL else df
 
 
 def _placement(df: DataFrame, decided: bool) -> list[Any]:

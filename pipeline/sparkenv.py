@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+SMALL = 2_000_000  # rows a join hint broadcasts (a checkpoint's size is not known to Spark)
+
+
+def broadcast_if_small(df: DataFrame) -> DataFrame:
+    """``df`` (checkpointed: counting it is cheap) hinted for a broadcast join if it is small."""
+    return F.broadcast(df) if df.count() < SMALL else df
 
 
 def path_exists(spark: SparkSession, path: str) -> bool:
