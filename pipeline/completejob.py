@@ -28,7 +28,7 @@ from pubcomp.sync.faults import crash_point
 
 from . import completeness as C
 from .generations import Generations
-from .sparkenv import broadcast_if_small, hadoop_path, path_exists
+from .sparkenv import broadcast_if_small, delete_path, hadoop_path, path_exists
 
 # A crash point (sync/faults.py): the batch's ledger state appended, the generations it
 # replaces not yet deleted (both are read back: compacting them again changes nothing).
@@ -71,12 +71,16 @@ class CompletenessTables:
     def _records(self, parsed: DataFrame, batch_id: int) -> DataFrame | None:
         """Write the batch's new records and ledger rows; the ledger rows (``None``: none)."""
         kept = C.kept_records(parsed, batch_id).localCheckpoint(eager=True)
-        ids = broadcast_if_small(kept.select("id").distinct().localCheckpoint(eager=True))
+        tables = (("records", C.RECORDS_SCHEMA), ("ledger", C.LEDGER_SCHEMA))
+        earlier_of = {table: self._earlier(table, schema, batch_id) for table, schema in tables}
+        ids = None  # (a warehouse's first batch has no earlier ids to look them up in)
+        if any(e is not None for e in earlier_of.values()):
+            ids = broadcast_if_small(kept.select("id").distinct().localCheckpoint(eager=True))
         new_ledger = None
-        for table, schema in (("records", C.RECORDS_SCHEMA), ("ledger", C.LEDGER_SCHEMA)):
-            earlier = self._earlier(table, schema, batch_id)
+        for table, _ in tables:
+            earlier = earlier_of[table]
             new = kept
-            if earlier is not None:
+            if earlier is not None and ids is not None:
                 # Every earlier id is read (its column only), but none shuffled: the
                 # batch's few thousand ids go to each task, and only the ids found
                 # there (a replay's, a resent record's) meet the batch's records.
@@ -159,8 +163,7 @@ class CompletenessTables:
         # The buckets' old gaps go first: a bucket with none left would keep them (an
         # overwrite with no rows writes nothing). A crash before the write is replayed.
         for b in buckets:
-            fs, p = hadoop_path(spark, f"{self.path('completeness_gaps')}/bucket={b}")
-            fs.delete(p, True)
+            delete_path(spark, f"{self.path('completeness_gaps')}/bucket={b}")
         gaps.repartition("bucket").write.mode("overwrite").partitionBy("bucket").parquet(
             self.path("completeness_gaps")
         )

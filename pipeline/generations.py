@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .sparkenv import hadoop_path
+from .sparkenv import delete_path, hadoop_path
 
 
 class Generations:
@@ -49,7 +49,7 @@ class Generations:
         # append left half-committed is a generation gen: its replay takes the branch
         # above, or reads it as one more generation. What it left uncommitted under
         # _temporary must not join this job's output.
-        self.delete_path(f"{self.root}/_temporary")
+        delete_path(self.spark, f"{self.root}/_temporary")
         write.mode("append").parquet(self.root)
 
     def drop(self, index: dict[int, list[int]], buckets: list[int] | set[int], keep: int) -> None:
@@ -57,8 +57,4 @@ class Generations:
         for b in sorted(buckets):
             for g in index.get(b, []):
                 if g != keep:
-                    self.delete_path(self.path(b, g))
-
-    def delete_path(self, path: str) -> None:
-        fs, p = hadoop_path(self.spark, path)
-        fs.delete(p, True)
+                    delete_path(self.spark, self.path(b, g))

@@ -50,7 +50,7 @@ from . import completeness, seenindex, transforms
 from .completejob import CompletenessTables
 from .health import update as update_health
 from .seenstore import EXCEPTIONS, RANGES, SeenStore
-from .sparkenv import SMALL, broadcast_if_small, hadoop_path, path_exists, spark_session
+from .sparkenv import SMALL, broadcast_if_small, delete_path, path_exists, spark_session
 
 log = logging.getLogger(__name__)
 
@@ -135,35 +135,39 @@ class Pipeline:
     def batch(self, lines: DataFrame, batch_id: int) -> None:
         s = self.summary
         # One cache: the lines parsed once (every later step reads this, not the JSON).
-        parsed = transforms.parse_landing(lines).withColumn("_file", F.input_file_name()).persist()
+        # (each line's file as a hash, for the count of files: a number, not its path,
+        # on every cached row)
+        file_hash = F.xxhash64(F.input_file_name()).alias("_file")
+        parsed = transforms.parse_landing(lines).withColumn("_file", file_hash).persist()
         try:
             # A record ($ledger, $release) is no reading: completejob keeps it (issue 27).
             good = F.col("reason").isNull() & ~transforms.is_record(F.col("sensor"))
+            record = F.col("reason").isNull() & transforms.is_record(F.col("sensor"))
             counts = parsed.agg(
                 F.count(F.lit(1)),
+                F.count_if(good),
+                F.count_if(record),
                 # (not countDistinct: beside the sets, it makes Spark copy every row)
                 F.size(F.collect_set("_file")),
-                F.count_if(good),
                 F.collect_set(F.when(good, transforms.id_bucket(F.col("id")))),
                 F.collect_set(F.when(good, seenindex.range_bucket(F.col("id")))),
-                F.count_if(F.col("reason").isNull() & transforms.is_record(F.col("sensor"))),
                 F.collect_set(completeness.bucket(F.col("gateway"))),
             ).first()
             if counts is None or not counts[0]:  # (a global aggregate always has one row)
                 return
-            n_lines, n_files, n_good = (int(c) for c in counts[:3])
+            n_lines, n_good, n_records, n_files = (int(c) for c in counts[:4])
             s.batches.append(batch_id)
             s.lines_in += n_lines
             s.files += n_files
-            s.quarantined += n_lines - n_good - int(counts[5])
+            s.quarantined += n_lines - n_good - n_records
             # A batch with nothing to quarantine writes no partition: skip the pass,
             # once the table exists (the report reads it).
-            if n_lines > n_good + int(counts[5]) or not self._exists("quarantine"):
+            if n_lines > n_good + n_records or not self._exists("quarantine"):
                 bad = transforms.quarantined(parsed, batch_id)
                 bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
-            buckets = (sorted(int(b) for b in counts[3]), sorted(int(b) for b in counts[4]))
+            buckets = (sorted(int(b) for b in counts[4]), sorted(int(b) for b in counts[5]))
             self._readings(transforms.valid_readings(parsed, batch_id), n_good, buckets, batch_id)
-            self.complete.batch(parsed, batch_id, int(counts[5]), sorted(counts[6]))
+            self.complete.batch(parsed, batch_id, n_records, sorted(counts[6]))
         finally:
             parsed.unpersist()
 
@@ -494,9 +498,7 @@ class Pipeline:
         return df
 
     def _delete(self, path: str) -> None:
-        """Delete a directory through Hadoop's file system (nothing if it is not there)."""
-        fs, p = hadoop_path(self.spark, path)
-        fs.delete(p, True)
+        delete_path(self.spark, path)
 
     def _exists(self, name: str) -> bool:
         return path_exists(self.spark, self.path(name))

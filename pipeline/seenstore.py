@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from . import seenindex, transforms
 from .generations import Generations
-from .sparkenv import hadoop_path
+from .sparkenv import delete_path, hadoop_path
 
 RANGES = "seen_ranges"
 EXCEPTIONS = "seen_exceptions"
@@ -44,10 +44,6 @@ class SeenStore:
 
     def path(self, table: str) -> str:
         return f"{self.wh}/{table}"
-
-    def delete(self, path: str) -> None:
-        fs, p = hadoop_path(self.spark, path)
-        fs.delete(p, True)
 
     def _gens(self, table: str) -> Generations:
         return Generations(self.spark, self.path(table))
@@ -153,7 +149,7 @@ class SeenStore:
         old = old.select(*transforms.SEEN_COLUMNS).localCheckpoint(eager=True)
         top = old.agg(F.max("batch"), F.count(F.lit(1))).first()
         if top is None or top[0] is None:
-            self.delete(self.path(LEGACY))
+            delete_path(self.spark, self.path(LEGACY))
             return 0
         last, n = int(top[0]), int(top[1])
         # A position stays in the run of the batch that kept it first: a displacement is
@@ -190,7 +186,7 @@ class SeenStore:
         if runs is not None:
             self.write(RANGES, _hour_bounds(runs), last, replay=True)
         self.write(EXCEPTIONS, exceptions, last, replay=True)
-        self.delete(self.path(LEGACY))
+        delete_path(self.spark, self.path(LEGACY))
         return n
 
 

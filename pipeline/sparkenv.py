@@ -27,6 +27,12 @@ def path_exists(spark: SparkSession, path: str) -> bool:
     return bool(fs.exists(p))
 
 
+def delete_path(spark: SparkSession, path: str) -> None:
+    """Delete a file or folder (recursively) through Hadoop's file system; nothing if absent."""
+    fs, p = hadoop_path(spark, path)
+    fs.delete(p, True)
+
+
 def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """Hadoop's file system for ``path``, and the path as Hadoop's ``Path`` (py4j objects)."""
     jvm: Any = spark._jvm

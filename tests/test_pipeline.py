@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,8 @@ def test_rerun_with_new_hours_rewrites_only_them_and_redelivered_files_change_no
     landing, wh = tmp_path / "landing", tmp_path / "wh"
     write_landing(landing, 5_000, origins=3, sensors=6, seed=4)  # 2026-11-20 and 21
     (landing / "date=2026-11-20" / "bad.jsonl").write_text("\n".join(BAD_LINES) + "\n")
-    _run(spark, landing, wh)
+    s = _run(spark, landing, wh)
+    assert s["files"] == len(list(landing.rglob("*.jsonl"))) > 1  # each file once
     before = _partitions(wh)
     s = _run(spark, landing, wh)  # nothing new: nothing read, nothing written
     assert s["files"] == 0 and s["readings_in"] == 0 and _partitions(wh) == before
@@ -351,6 +353,27 @@ def test_a_run_killed_mid_batch_converges_when_rerun(spark: Any, tmp_path: Path)
     s = _run(spark, landing, wh)  # replays the batch: rewrites only its own partitions
     assert s["readings_written"] == 3_000 and s["duplicates_removed"] > 0
     _agrees(landing, wh)
+
+
+def test_driver_memory_sizes_the_jvm_a_session_starts() -> None:
+    """``--driver-memory`` reaches ``spark_session``, and this is what it does: the JVM it
+    starts gets that heap (local mode's tasks run in it). In a process of its own: this
+    one's JVM is already running, and a second session would only share it."""
+    code = (
+        "import sys; from pubcomp.pipeline.sparkenv import spark_session\n"
+        "s = spark_session('local[1]', 'heap', sys.argv[1])\n"
+        "print(s.sparkContext.getConf().get('spark.driver.memory'),"
+        " s._jvm.java.lang.Runtime.getRuntime().maxMemory())\n"
+        "s.stop()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, "640m"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    conf, heap = out.stdout.split()[-2:]
+    assert conf == "640m"
+    # Spark's default would be 1 GiB; the JVM reports its heap less a survivor space.
+    assert 500 << 20 < int(heap) <= 640 << 20, heap
 
 
 @pytest.mark.slow
