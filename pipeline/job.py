@@ -137,7 +137,7 @@ class Pipeline:
         # One cache: the lines parsed once (every later step reads this, not the JSON).
         # (each line's file as a hash, for the count of files: a number, not its path,
         # on every cached row)
-        file_hash = F.xxhash64(F.input_file_name()).alias("_file")
+        file_hash = F.xxhash64(F.input_file_name())
         parsed = transforms.parse_landing(lines).withColumn("_file", file_hash).persist()
         try:
             # A record ($ledger, $release) is no reading: completejob keeps it (issue 27).
