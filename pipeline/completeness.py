@@ -381,28 +381,24 @@ def landed_ranges(parsed: DataFrame, batch: int) -> DataFrame:
         & (i_s.try_cast(LongType()).cast(StringType()) == i_s)
     )
     # A line names up to two ranges: its message's store span (every line of a message
-    # names it) and, for a node's reading, its message. One pass over the lines, one
-    # row per range before the windows.
-    span = F.when(
-        box.isNotNull() & box.epoch.isNotNull() & (box.first <= box.last),
-        F.struct(
-            F.concat_ws("/", "gateway", box.epoch).alias("stream"),
-            box.first.alias("lo"),
-            box.last.alias("hi"),
-        ),
+    # names it) and, for a node's reading, its message. Two selects of the lines, one
+    # aggregate: 0.7 s less on 2.25M lines (2.8-3.1 s against 3.6-3.9) than one pass
+    # exploding a filtered array of both, the same rows.
+    t = _pos_time().alias("t")
+    spans = have.where(box.isNotNull() & box.epoch.isNotNull() & (box.first <= box.last)).select(
+        "gateway",
+        F.concat_ws("/", "gateway", box.epoch).alias("stream"),
+        box.first.alias("lo"),
+        box.last.alias("hi"),
+        t,
     )
-    message = F.when(
-        node,
-        F.struct(
-            F.substring_index("id", "/", 2).alias("stream"),
-            seq.alias("lo"),
-            seq.alias("hi"),
-        ),
-    )
-    named = F.filter(F.array(span, message), lambda r: r.isNotNull())
+    messages = have.where(node).select(
+        "gateway", F.substring_index("id", "/", 2).alias("stream"), seq.alias("lo"),
+        seq.alias("hi"), t,
+    )  # fmt: skip
     both = (
-        have.select("gateway", _pos_time().alias("t"), F.explode(named).alias("r"))
-        .groupBy("gateway", "r.stream", "r.lo", "r.hi")
+        spans.unionByName(messages)
+        .groupBy("gateway", "stream", "lo", "hi")
         .agg(F.min("t").alias("t"))
         .withColumn("_hour", F.date_trunc("hour", "t"))
     )
