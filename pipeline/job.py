@@ -58,14 +58,7 @@ log = logging.getLogger(__name__)
 # written, its readings not yet), pipeline_readings_written (its readings written, its
 # rollups and checkpoint not yet), pipeline_displaced_removed (the copies it displaced
 # removed from earlier partitions, rollups not yet).
-# pipeline_rollups_written (its rollups written, the compacted index generations not yet
-# deleted, its checkpoint not committed).
-faults.register(
-    "pipeline_seen_written",
-    "pipeline_readings_written",
-    "pipeline_displaced_removed",
-    "pipeline_rollups_written",
-)
+faults.register("pipeline_seen_written", "pipeline_readings_written", "pipeline_displaced_removed")
 
 
 @dataclass
@@ -229,9 +222,6 @@ class Pipeline:
             }
             self._write_index(decided, new, exceptions, index, compact, writes, batch_id)
             crash_point("pipeline_seen_written")
-            # A batch whose quality row is there already ran this far before (a replay):
-            # its rollups may hold its readings already, so none is merged into them.
-            again = self._exists(f"quality/batch={batch_id}")
             # 2. This batch's readings, and its quality row (displaced copies taken off).
             # A file per hour (a task per hour) unless the batch is large and has fewer
             # hours than the cluster has cores (``tasks_per_hour``).
@@ -248,12 +238,7 @@ class Pipeline:
             if moved and displaced is not None:
                 self._remove_displaced(displaced, sorted(moved))
             crash_point("pipeline_displaced_removed")
-            # An hour a copy left is recomputed from its readings; the others' minutes
-            # merge the batch's into theirs (no earlier reading of them read again).
-            left = {(d, h) for d, h, _ in moved}
-            merge = [] if again else sorted(hours - left)
-            self._rollups(sorted(hours), new, batch_id, bool(moved), per_hour, merge)
-            crash_point("pipeline_rollups_written")
+            self._rollups(sorted(hours), new, batch_id, bool(moved), per_hour)
             for table in (EXCEPTIONS, RANGES):
                 self._drop_compacted(table, index[table], compact[table], batch_id)
         finally:
@@ -410,61 +395,28 @@ class Pipeline:
         batch_id: int,
         emptied: bool,
         per_hour: int,
-        merge: list[tuple[str, int]],
     ) -> None:
-        """Rollups of every hour the batch changed.
+        """Rollups of every hour the batch changed, from all of those hours' readings.
 
-        ``rollup_1m`` of the ``merge`` hours: their minutes as ``rollup_1m`` holds them
-        merged with the batch's (``transforms.merge_minutes``; an hour with a tie it
-        cannot break is recomputed instead); of the other hours, from all of their
-        readings. ``rollup_1h`` of their dates from those minutes, plus the dates' other
-        hours as ``rollup_1h`` holds them (an hour's minutes change only when the hour is
-        touched, so its row is what its minutes would give); ``rollup_1d`` from those
-        hours. ``emptied``: the batch displaced copies, so an hour (or a day) may have
+        ``rollup_1m`` of those hours from their readings; ``rollup_1h`` of their dates
+        from those minutes, plus the dates' other hours as ``rollup_1h`` holds them (an
+        hour's minutes change only when the hour is touched, so its row is what its
+        minutes would give); ``rollup_1d`` from those hours. Nothing written is read
+        back. ``emptied``: the batch displaced copies, so an hour (or a day) may have
         lost its last reading; its rollup partitions are deleted. ``per_hour``: the tasks
-        an hour's minutes are aggregated and written in (``tasks_per_hour``). ``merge``:
-        hours whose rollups hold every earlier batch's readings and none of this one's
-        and from which no copy was displaced.
+        an hour's minutes are aggregated in (``tasks_per_hour``).
         """
         if not hours:
             return
         s = self.summary
-        fresh = new.select(*transforms.READINGS_SCHEMA.names)
-        merge = merge if self._exists("rollup_1m") else []
-        parts: list[DataFrame] = []
-        if merge:
-            old = self._table("rollup_1m", transforms.ROLLUP_1M_SCHEMA, merge)
-            mine = transforms.rollup_minutes(
-                fresh.where(transforms.in_hours(F.col("date"), F.col("hour"), merge))
-            )
-            # Materialised: the write below replaces the partitions this reads.
-            merged = transforms.merge_minutes(old, mine).localCheckpoint(eager=True)
-            tied = {
-                (r.date, r.hour)
-                for r in merged.where(F.col(transforms.TIE))
-                .select("date", "hour")
-                .distinct()
-                .collect()
-            }
-            if tied:
-                merged = merged.where(
-                    ~transforms.in_hours(F.col("date"), F.col("hour"), sorted(tied))
-                )
-            merge = [h for h in merge if h not in tied]
-            # A file per hour and part, as the recomputed hours' minutes are written.
-            parts.append(spread_hours(merged.drop(transforms.TIE), per_hour).drop(PART))
-        full = sorted(set(hours) - set(merge))
-        if full:
-            readings = fresh.where(transforms.in_hours(F.col("date"), F.col("hour"), full))
-            if self._exists("readings"):
-                earlier = self._table("readings", transforms.READINGS_SCHEMA, full)
-                readings = earlier.where(F.col("batch") != batch_id).unionByName(readings)
-            # By hour (and part, a key of the aggregate too), so the minutes are aggregated
-            # where they are and written a file per hour and part.
-            parts.append(transforms.rollup_minutes(spread_hours(readings, per_hour), PART))
+        readings = new.select(*transforms.READINGS_SCHEMA.names)
+        if self._exists("readings"):
+            earlier = self._table("readings", transforms.READINGS_SCHEMA, hours)
+            readings = earlier.where(F.col("batch") != batch_id).unionByName(readings)
         dates = sorted({d for d, _ in hours})
-        minutes = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        minutes = minutes.persist()
+        # By hour (and part, a key of the aggregate too), so the minutes are aggregated
+        # where they are and written a file per hour and part.
+        minutes = transforms.rollup_minutes(spread_hours(readings, per_hour), PART).persist()
         by_hour = transforms.rollup_up(minutes, "hour")
         try:
             minutes.write.mode("overwrite").partitionBy("date", "hour").parquet(

@@ -522,49 +522,6 @@ def rollup_minutes(readings: DataFrame, *parts: str) -> DataFrame:
     )
 
 
-TIE = "_tie"  # merge_minutes' column: the minute's first or last reading is not known
-
-
-def merge_minutes(old: DataFrame, new: DataFrame) -> DataFrame:
-    """``rollup_1m`` rows of the same hours merged into what ``rollup_minutes`` gives over
-    the readings of both, when ``new``'s readings are others than ``old``'s (a batch's kept
-    copies, none displaced from these hours). Counts and sums add, extremes compare. A
-    minute whose first (or last) time is the same in both would need the readings' ids to
-    break the tie, which a rollup does not keep: ``TIE`` marks it, and its hour is to be
-    recomputed from ``readings``. Each side holds a row per minute at most."""
-    cols = ROLLUP_1M_SCHEMA.names
-    first = F.struct(F.col("first_ts").alias("t"), F.col("first_value").alias("v"))
-    last = F.struct(F.col("last_ts").alias("t"), F.col("last_value").alias("v"))
-    two = F.count(F.lit(1)) > 1
-    agg = (
-        old.select(*cols)
-        .unionByName(new.select(*cols))
-        .groupBy("date", "hour", "origin", "sensor", "window_start")
-        .agg(
-            F.sum("count").cast(LongType()).alias("count"),
-            F.min("min").alias("min"),
-            F.max("max").alias("max"),
-            F.sum("sum").cast(SUM).alias("sum"),
-            F.min(first).alias("first"),
-            F.max(last).alias("last"),
-            F.max("unit").alias("unit"),
-            _kind(),
-            (
-                two
-                & (
-                    (F.min("first_ts") == F.max("first_ts"))
-                    | (F.min("last_ts") == F.max("last_ts"))
-                )
-            ).alias(TIE),
-        )
-    )
-    return agg.select(
-        _rollup_select(
-            ["origin", "sensor", "window_start"], [F.col("date"), F.col("hour"), F.col(TIE)]
-        )
-    )
-
-
 def rollup_up(finer: DataFrame, unit: str) -> DataFrame:
     """Re-aggregate a rollup into hours or days: exact, since sums are decimals."""
     window = F.date_trunc(unit, "window_start").alias("window_start")

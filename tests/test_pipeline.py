@@ -355,65 +355,6 @@ def test_a_run_killed_mid_batch_converges_when_rerun(spark: Any, tmp_path: Path)
     _agrees(landing, wh)
 
 
-def test_minutes_merged_into_an_hour_equal_it_recomputed_and_a_replay_merges_none(
-    spark: Any, tmp_path: Path
-) -> None:
-    """A second batch in the hours the first rolled up merges its minutes into theirs
-    (``transforms.merge_minutes``: no earlier reading read again): the tables are DuckDB's.
-    Killed after those rollups, the replay must not merge the same readings a second
-    time: it recomputes its hours (the counts would be doubled: 9,000, not 6,000)."""
-    landing, wh, clean = tmp_path / "landing", tmp_path / "wh", tmp_path / "clean"
-    hours = 3 * 3600.0
-    write_landing(landing, 3_000, origins=2, sensors=4, seed=7, span_s=hours)
-    _run(spark, landing, wh)
-    shutil.copytree(wh, clean)
-    write_landing(landing, 3_000, origins=2, sensors=4, seed=8, span_s=hours, name="more",
-                  id_offset=3_000)  # fmt: skip
-    s = _run(spark, landing, clean)  # merged: the same hours, no copy displaced
-    assert s["readings_written"] == 3_000 and s["displaced"] == 0
-    assert _rollup_count(spark, clean, "rollup_1d") == 6_000
-    _agrees(landing, clean)
-    cmd = hooked.command("pipeline", "run", "--landing", str(landing))
-    cmd += ["--warehouse", str(wh), "--master", "local[1]", "--driver-memory", "768m"]
-    env = {**os.environ, "PUBCOMP_CRASH_AT": "pipeline_rollups_written"}
-    killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    assert _rollup_count(spark, wh, "rollup_1m") == 6_000, "killed before its rollups"
-    s = _run(spark, landing, wh)  # replays batch 1
-    assert s["batches"] == [1] and s["readings_written"] == 3_000
-    assert _rollup_count(spark, wh, "rollup_1m") == 6_000
-    _agrees(landing, wh)
-
-
-def test_a_minute_whose_first_time_ties_across_batches_is_recomputed(
-    spark: Any, tmp_path: Path
-) -> None:
-    """Two readings of one sensor at the same instant, in two batches: the minute's first
-    and last value are decided by their ids, which a rollup does not keep, so the merge
-    leaves that hour to be recomputed from ``readings``. (Merged by value instead, the
-    minute's first value would be 1.0, not 5.0, and its last 5.0, not 1.0.)"""
-    landing, wh = tmp_path / "landing", tmp_path / "wh"
-    t = datetime(2026, 11, 20, 10, 0, 30, tzinfo=UTC)
-
-    def line(rid: str, value: float, ts: datetime) -> str:
-        got = _iso(ts + timedelta(seconds=1))
-        rec = {"id": rid, "origin": "node9", "sensor": "t", "ts": _iso(ts), "value": value,
-               "unit": "C", "gateway": "gw-a", "received": got}  # fmt: skip
-        return json.dumps(rec)
-
-    other = t + timedelta(minutes=5)  # another minute of the hour, merged as it is
-    _land(landing, "run1", [line("node9/1/2.0", 1.0, t), line("node9/1/3.0", 2.0, other)])
-    _run(spark, landing, wh)
-    later = other + timedelta(seconds=1)
-    _land(landing, "run2", [line("node9/1/1.0", 5.0, t), line("node9/1/4.0", 3.0, later)])
-    s = _run(spark, landing, wh)
-    assert s["readings_written"] == 2
-    row = spark.read.parquet(str(wh / "rollup_1m")).where(F.minute("window_start") == 0).first()
-    assert row is not None and row["count"] == 2
-    assert (row["first_value"], row["last_value"]) == (5.0, 1.0)
-    _agrees(landing, wh)
-
-
 def test_driver_memory_sizes_the_jvm_a_session_starts() -> None:
     """``--driver-memory`` reaches ``spark_session``, and this is what it does: the JVM it
     starts gets that heap (local mode's tasks run in it). In a process of its own: this
