@@ -199,8 +199,9 @@ def parse_landing(lines: DataFrame) -> DataFrame:
     are left out: a batch caches this, and on clean data they would be most of it.
     """
     # The times parsed once, in a projection of their own: inlined, each reference in
-    # the reasons' conditions parsed the text again (Spark shares no subexpression
-    # across a CASE's later conditions), and a batch's cache took 14 s, not 9.
+    # the reasons' conditions parsed the text again (Spark's subexpression elimination
+    # looks only into a CASE's first condition), and a batch's cache of 2.25M lines took
+    # 14.2 s, not 8.8.
     typed = lines.select(
         "*",
         F.try_to_timestamp("ts", F.lit(TS_FORMAT)).alias("ts_t"),
