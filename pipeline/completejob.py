@@ -5,7 +5,14 @@ Tables (Parquet, dynamic partition overwrite, so a replayed batch rewrites only 
 
 - ``records`` and ``ledger`` (by batch): the batch's records whose id no earlier batch
   kept (a replay reads the earlier batches only, and writes the same rows again);
-- ``landed`` (by batch): the positions the batch landed, as ranges;
+- ``landed`` (``bucket=B/gen=G``): the positions landed, as ranges. Batch ``G`` appends
+  what it landed as generation ``G`` of its buckets; a bucket with
+  ``landed_max_generations`` is compacted when next touched (``completeness.owned_ranges``
+  of all of them, appended as ``G``, the older deleted after the batch), so its files
+  and rows follow the streams and their hours, not the batches. Compacting is
+  idempotent and associative, so a killed write read back, or a replay that writes its
+  ranges twice, changes nothing. A warehouse written before (``landed/batch=N``) is
+  converted by the first batch that finds it;
 - ``ledger_state`` (``bucket=B/gen=G``): the ledgers compacted (``completeness.ledger_state``:
   a row per stream, the latest ledger's held ranges, each reason's range once), so that
   what a batch reads of them follows the fleet's streams, not the number of ledgers ever
@@ -15,7 +22,8 @@ Tables (Parquet, dynamic partition overwrite, so a replayed batch rewrites only 
   twice, changes nothing. Until ``_built`` is in it, the state is built from every batch
   of ``ledger`` (a warehouse written before it, or a first build killed midway);
 - ``completeness`` and ``completeness_gaps`` (by bucket of the gateway): recomputed for
-  every gateway in the buckets the batch touched, from ``landed`` and ``ledger_state``.
+  every gateway in the buckets the batch touched, from ``landed`` (owned, read once a
+  batch) and ``ledger_state``.
 """
 
 from __future__ import annotations
@@ -30,20 +38,27 @@ from . import completeness as C
 from .generations import Generations
 from .sparkenv import broadcast_if_small, delete_path, hadoop_path, path_exists
 
-# A crash point (sync/faults.py): the batch's ledger state appended, the generations it
-# replaces not yet deleted (both are read back: compacting them again changes nothing).
-faults.register("pipeline_ledger_state_written")
+# Crash points (sync/faults.py): the batch's ledger state appended, or its landed ranges,
+# and the generations they replace not yet deleted (both are read back: compacting them
+# again changes nothing).
+faults.register("pipeline_ledger_state_written", "pipeline_landed_written")
 
 TABLES = ("records", "ledger", "ledger_state", "landed", "completeness", "completeness_gaps")
 STATE = "ledger_state"
+LANDED = "landed"
 BUILT = "_built"  # in ledger_state once it holds every ledger row of every batch before
 
 
 class CompletenessTables:
+    # A bucket of ``landed`` gets a generation per batch that lands anything in it; one
+    # that has this many is compacted into one when next touched.
+    landed_max_generations = 8
+
     def __init__(self, spark: SparkSession, warehouse: str) -> None:
         self.spark = spark
         self.wh = warehouse.rstrip("/")
         self.state = Generations(spark, self.path(STATE))
+        self.landed = Generations(spark, self.path(LANDED))
 
     def path(self, table: str) -> str:
         return f"{self.wh}/{table}"
@@ -59,14 +74,16 @@ class CompletenessTables:
         ``n_records``: how many of them are good records; ``buckets``: the buckets of
         their gateways (``completeness.bucket``)."""
         new = self._records(parsed, batch_id) if n_records else None
-        C.landed_ranges(parsed, batch_id).write.mode("overwrite").partitionBy("batch").parquet(
-            self.path("landed")
-        )
+        self._convert_landed()
         state, written = self._state(new, buckets, batch_id)
         touched = sorted(set(buckets) | written)
+        gens = self.landed.on_disk()
+        landed, compacted = self._landed(C.landed_ranges(parsed), gens, buckets, touched, batch_id)
+        crash_point("pipeline_landed_written")
         if touched:
-            self._recompute(touched, state)
+            self._recompute(touched, state, landed)
         self._drop_older_state(written, batch_id)
+        self.landed.drop(gens, compacted, batch_id)
 
     def _records(self, parsed: DataFrame, batch_id: int) -> DataFrame | None:
         """Write the batch's new records and ledger rows; the ledger rows (``None``: none)."""
@@ -148,14 +165,62 @@ class CompletenessTables:
         if written:
             self.state.drop(self.state.on_disk(), written, batch_id)
 
+    # ------------------------------------------------------------ what landed
+
+    def _landed(
+        self,
+        ranges: DataFrame,
+        gens: dict[int, list[int]],
+        buckets: list[int],
+        touched: list[int],
+        batch_id: int,
+    ) -> tuple[DataFrame, set[int]]:
+        """Append the batch's ``ranges`` as generation ``batch_id`` of their buckets, and
+        compact those that have ``landed_max_generations`` with them. The owned ranges of
+        ``touched`` (every generation's and the batch's), and the buckets compacted."""
+        spark = self.spark
+        mine = ranges.withColumn("bucket", C.bucket(F.col("gateway"))).localCheckpoint(eager=True)
+        paths = [self.landed.path(b, g) for b in touched for g in gens.get(b, [])]
+        rows = mine.select(*C.LANDED_COLUMNS)
+        if paths:
+            read = spark.read.schema(C.LANDED_SCHEMA).option("basePath", self.path(LANDED))
+            rows = read.parquet(*paths).select(*C.LANDED_COLUMNS).unionByName(rows)
+        owned = C.owned_ranges(rows).withColumn("bucket", C.bucket(F.col("gateway")))
+        owned = owned.localCheckpoint(eager=True)
+        limit = self.landed_max_generations
+        compact = {b for b in buckets if len(gens.get(b, [])) >= limit}
+        whole = F.col("bucket").isin(*compact) if compact else F.lit(False)
+        out = owned.where(whole).unionByName(mine.where(~whole))
+        # Appended, a replay's too (as the ledgers' state is): an overwrite deletes a
+        # partition before it renames the new one in.
+        self.landed.write(out, batch_id, replay=False)
+        return owned, compact
+
+    def _convert_landed(self) -> None:
+        """A warehouse written before the generations (``landed/batch=N``): its ranges
+        owned and appended as generation ``N`` (the last), then the old partitions
+        deleted. Killed before the delete, the next batch converts again (the same
+        ranges twice: nothing changes)."""
+        fs, pattern = hadoop_path(self.spark, self.path(LANDED) + "/batch=*")
+        old = [st.getPath() for st in fs.globStatus(pattern) or [] if st.isDirectory()]
+        if not old:
+            return
+        read = self.spark.read.schema(C.LANDED_SCHEMA).option("basePath", self.path(LANDED))
+        rows = read.parquet(*[p.toString() for p in old]).select(*C.LANDED_COLUMNS)
+        owned = C.owned_ranges(rows).withColumn("bucket", C.bucket(F.col("gateway")))
+        last = max(int(p.getName().removeprefix("batch=")) for p in old)
+        self.landed.write(owned, last, replay=False)
+        for p in old:
+            delete_path(self.spark, p.toString())
+
     # ------------------------------------------------------------ the table
 
-    def _recompute(self, buckets: list[int], state: DataFrame) -> None:
-        """Every stream of the gateways in ``buckets``: both tables' partitions of them."""
+    def _recompute(self, buckets: list[int], state: DataFrame, landed: DataFrame) -> None:
+        """Every stream of the gateways in ``buckets``: both tables' partitions of them.
+        ``landed``: their owned ranges."""
         spark = self.spark
-        mine = C.bucket(F.col("gateway")).isin(buckets)
-        landed = spark.read.schema(C.LANDED_SCHEMA).parquet(self.path("landed")).where(mine)
         state = state.where(F.col("bucket").isin(buckets))
+        landed = landed.where(F.col("bucket").isin(buckets)).select(*C.LANDED_COLUMNS)
         # Materialised once: the table below is built from them, not from their plan
         # (joins and windows over every stream of the buckets) again.
         gaps = C.missing_ranges(landed, state).localCheckpoint(eager=True)

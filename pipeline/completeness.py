@@ -13,8 +13,9 @@ landed is the union of the ``outbox`` spans the ingest writes in each message's 
 record (``_mqtt.outbox``). A node stream ``{node}/{boot}``: its message seqs, landed
 from the reading ids ``{node}/{boot}/{seq}.{i}``. A position's time is its line's
 ``ts`` (else ``received``): the last line of the span's message, the earliest of the
-node message's readings. Each batch writes what it landed as ranges (``landed``, by
-batch): consecutive positions of one stream and hour, one row.
+node message's readings, of its earliest copy when it landed more than once. What
+landed is kept as ranges (``landed``, by bucket and generation: pipeline/completejob.py):
+consecutive positions of one stream and hour, one row.
 
 **The table** (``completeness`` per gateway, stream and hour; ``completeness_gaps`` per
 missing range), for a stream of gateway ``g``:
@@ -33,7 +34,7 @@ missing range), for a stream of gateway ``g``:
 - its hour: the reason's time (an eviction's or dead letter's ``at``; the telling
   ledger's window start for refused, dropped and skipped; the latest ledger's window
   end for held), else the first landed position after it, else the latest ledger's
-  window end. A landed position's hour is its own (copies share it).
+  window end. A landed position's hour is its earliest copy's (``owned_ranges``).
 
 Recomputed, not merged: each batch recomputes every stream of the gateways in the
 buckets its lines touch (``BUCKETS`` by gateway) from ``landed`` and the ledgers
@@ -147,8 +148,10 @@ RECORDS_SCHEMA = StructType(
     ]
 )
 
-# ``landed``: what each batch landed, a row per run of consecutive positions of one
-# stream in one hour (``t``: the earliest time in it).
+# ``landed``'s ranges: a run of consecutive positions of one stream in one hour (``t``:
+# the earliest time in it). What a batch landed (``landed_ranges``) may overlap what
+# others did; ``owned_ranges`` makes them disjoint. The table keeps them by bucket of
+# the gateway and generation (pipeline/completejob.py).
 LANDED_SCHEMA = StructType(
     [
         StructField("gateway", StringType(), False),
@@ -156,9 +159,9 @@ LANDED_SCHEMA = StructType(
         StructField("lo", LongType(), False),
         StructField("hi", LongType(), False),
         StructField("t", TimestampType()),
-        StructField("batch", LongType(), False),
     ]
 )
+LANDED_COLUMNS = LANDED_SCHEMA.names
 
 COUNTS = ("held", "evicted", "dead_letter", "refused", "node_dropped", "unexplained", "unreported")
 REASONS = (*COUNTS[:5], "skipped", *COUNTS[5:])  # the order a missing position is judged in
@@ -361,7 +364,7 @@ def _pos_time() -> Column:
     return F.coalesce("ts_t", "received_t")
 
 
-def landed_ranges(parsed: DataFrame, batch: int) -> DataFrame:
+def landed_ranges(parsed: DataFrame) -> DataFrame:
     """What a batch landed (``LANDED_SCHEMA``), from every line that parsed (kept or
     quarantined: it reached the landing zone): the store spans its messages' receive
     records name, and the node messages its reading ids name."""
@@ -402,10 +405,51 @@ def landed_ranges(parsed: DataFrame, batch: int) -> DataFrame:
         .agg(F.min("t").alias("t"))
         .withColumn("_hour", F.date_trunc("hour", "t"))
     )
-    merged = merge_ranges(both, ["gateway", "stream", "_hour"])
-    return merged.select(
-        "gateway", "stream", "lo", "hi", "t", F.lit(batch).cast(LongType()).alias("batch")
+    return merge_ranges(both, ["gateway", "stream", "_hour"]).select(*LANDED_COLUMNS)
+
+
+def owned_ranges(ranges: DataFrame) -> DataFrame:
+    """``LANDED_SCHEMA``'s ranges made disjoint: each position in the hour of its earliest
+    copy (the earliest ``t`` of the ranges holding it), consecutive positions of one hour
+    a row. A span's positions take its last line's time, so a part of it sent again
+    alone (its landing acknowledgement late) can hold them from an earlier hour.
+
+    Only the hour of each position counts, and it is the least over every range holding
+    it, so the result is the same however the ranges were grouped before: compacting
+    ``landed`` (the state so far with a batch's ranges) is idempotent and associative,
+    as a killed write read back, or a replay, needs. Ranges overlap only where a
+    position landed twice: they are cut into pieces at their bounds, and each piece
+    takes its owner, only within a run of overlapping ranges of more than one row."""
+    key = ["gateway", "stream"]
+    w = Window.partitionBy(*key).orderBy("lo", "hi")
+    prev = F.max("hi").over(w.rowsBetween(_UNBOUNDED, -1))
+    runs = (
+        ranges.select(*LANDED_COLUMNS)
+        .withColumn("_start", (prev.isNull() | (F.col("lo") > prev)).cast(LongType()))
+        .withColumn("_c", F.sum("_start").over(w.rowsBetween(_UNBOUNDED, 0)))
+        .withColumn("_n", F.count(F.lit(1)).over(Window.partitionBy(*key, "_c")))
     )
+    alone = runs.where(F.col("_n") == 1).select(*LANDED_COLUMNS)
+    many = runs.where(F.col("_n") > 1).select(*key, "_c", "lo", "hi", "t")
+    # A run of overlapping ranges covers every position from its first to its last, so
+    # each piece between two consecutive bounds lies inside one range at least.
+    bounds = many.select(*key, "_c", F.explode(F.array("lo", F.col("hi") + 1)).alias("cut"))
+    wc = Window.partitionBy(*key, "_c").orderBy("cut")
+    pieces = (
+        bounds.distinct()
+        .select(*key, "_c", F.col("cut").alias("p_lo"), (F.lead("cut").over(wc) - 1).alias("p_hi"))
+        .where(F.col("p_hi").isNotNull())
+    )
+    inside = (F.col("lo") <= F.col("p_lo")) & (F.col("hi") >= F.col("p_hi"))
+    owned = (
+        pieces.join(many, on=[*key, "_c"])
+        .where(inside)
+        .groupBy(*key, "p_lo", "p_hi")
+        .agg(F.min("t").alias("t"))
+        .select(*key, F.col("p_lo").alias("lo"), F.col("p_hi").alias("hi"), "t")
+    )
+    both = alone.unionByName(owned).withColumn("_hour", F.date_trunc("hour", "t"))
+    return merge_ranges(both, [*key, "_hour"]).select(*LANDED_COLUMNS)
 
 
 # ------------------------------------------------------------------ the table
@@ -469,28 +513,18 @@ def streams_of(landed: DataFrame, state: DataFrame) -> DataFrame:
 
 
 def _new_parts(landed: DataFrame) -> DataFrame:
-    """The landed ranges made disjoint: each range less what ranges before it (by ``lo``,
-    then ``t``) covered, with ``gap_lo``: the first missing position before it (when
-    there is a gap before it)."""
-    w = Window.partitionBy("gateway", "stream").orderBy("lo", "t", "hi")
-    prev = F.max("hi").over(w.rowsBetween(_UNBOUNDED, -1))
-    return (
-        landed.withColumn("_prev", prev)
-        .select(
-            "gateway",
-            "stream",
-            F.greatest("lo", F.coalesce(F.col("_prev") + 1, F.col("lo"))).alias("lo"),
-            "hi",
-            "t",
-            (F.col("_prev") + 1).alias("_after"),
-        )
-        .where(F.col("hi") >= F.col("lo"))
+    """The landed ranges (disjoint: ``owned_ranges``), each with ``_after``: the position
+    after the range before it (null for a stream's first)."""
+    w = Window.partitionBy("gateway", "stream").orderBy("lo")
+    return landed.select(
+        "gateway", "stream", "lo", "hi", "t", (F.lag("hi").over(w) + 1).alias("_after")
     )
 
 
 def missing_ranges(landed: DataFrame, state: DataFrame) -> DataFrame:
     """``completeness_gaps`` of every stream in ``landed`` and ``state`` (all of their
-    gateways' rows; ``state``: ``ledger_state`` of their ledgers): each stream's missing
+    gateways' rows; ``landed``: ``owned_ranges``, disjoint; ``state``: ``ledger_state`` of
+    their ledgers): each stream's missing
     ranges, per reason, detail and hour, by the rules in the module's docstring. (A
     caller that writes both tables materialises these first: ``hourly`` reads them.)"""
     # Both are read by several branches below: materialised (a row per stream, a row
@@ -616,8 +650,8 @@ def _pieces(gaps: DataFrame, why: DataFrame) -> DataFrame:
 
 def hourly(landed: DataFrame, state: DataFrame, gap_rows: DataFrame) -> DataFrame:
     """``completeness``: per stream and hour, expected, landed, missing by reason and
-    skipped, from the landed spans, the ledgers' skipped seqs (``state``: ``ledger_state``)
-    and the stream's missing ranges (``missing_ranges``)."""
+    skipped, from the landed ranges (``owned_ranges``), the ledgers' skipped seqs
+    (``state``: ``ledger_state``) and the stream's missing ranges (``missing_ranges``)."""
     # Landed per hour: the disjoint parts, less the skipped seqs inside them (a span may
     # hold seqs the store never gave).
     skipped = merge_ranges(

@@ -87,6 +87,98 @@ def test_records_stay_out_of_readings_and_rollups_and_land_once_in_their_tables(
         assert only_spark == 0 and only_duck == 0, (table, res)
 
 
+# ------------------------------------------------------------ a position landed twice
+
+
+def _span(seqs: range, minutes: dict[int, int], first_hour: int = 10) -> list[dict[str, Any]]:
+    """A gateway's message of its own readings ``seqs``, its last line naming the span."""
+
+    def at(m: int) -> str:
+        return f"2026-11-20T{first_hour + m // 60:02d}:{m % 60:02d}:00.000Z"
+
+    lines = [{"id": f"gw1/e1/{q}", "origin": "gw1", "sensor": "t", "ts": at(minutes[q]),
+              "value": 1.0, "unit": "C", "flags": [], "gateway": "gw1",
+              "received": at(minutes[q] + 10)} for q in seqs]  # fmt: skip
+    lines[-1]["_mqtt"] = {"outbox": {"epoch": "e1", "first": seqs[0], "last": seqs[-1]}}
+    return lines
+
+
+def test_a_position_landed_in_two_hours_belongs_to_its_earliest_copy(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A span's positions take its last line's time. A gateway that sends again a part of
+    a span (its landing acknowledgement late) in a message of its own gives those
+    positions an earlier time than the first span did: 5..6 landed at 11:01 with 1..10,
+    then again at 10:58 alone. They belong to the earliest copy's hour (10), as in
+    DuckDB's reference, whichever batch brought it; the hours' counts are 10: 2 and 11:
+    8. Seen failing when the parts were ordered by their first position (the 1..10
+    span took 5..6 into hour 11)."""
+    minutes = {q: 50 + 2 * q for q in range(1, 11)}  # 10:52 .. 11:10; seq 6: 11:02
+    minutes[6] = 58  # (a clock step: 6 is stamped 10:58, 10 at 11:10)
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    _land(landing, "a", _span(range(1, 11), minutes))
+    _run(spark, landing, wh)
+    _land(landing, "b", _span(range(5, 7), minutes))
+    _run(spark, landing, wh)
+    table = spark.read.parquet(str(wh / "completeness")).where("stream = 'gw1/e1'")
+    got = {(r.hour.hour, r.landed, r.missing) for r in table.collect()}
+    assert got == {(10, 2, 0), (11, 8, 0)}
+    res = ref.compare(ref.build(landing), wh)
+    for name, (_, only_spark, only_duck) in res.items():
+        assert only_spark == 0 and only_duck == 0, (name, res)
+
+
+def test_owned_ranges_give_each_position_its_earliest_hour_however_they_were_grouped(
+    spark: Any,
+) -> None:
+    """``owned_ranges`` against a position-by-position count of random ranges (three
+    streams, overlaps within and across hours, copies): each position in the hour of its
+    earliest copy, consecutive positions of one hour a row. Compacted in two steps (the
+    state so far, then a batch's ranges), or with every range twice (a killed append read
+    back), the same rows: what the ``landed`` table's generations rely on."""
+    import random
+    from datetime import datetime, timedelta
+
+    from pubcomp.pipeline import completeness as C
+
+    rng = random.Random(27)
+    base = datetime(2026, 11, 20, 10)
+    ranges = []
+    for stream in ("g1/e1", "n1/1", "n2/3"):
+        for _ in range(40):
+            lo = rng.randrange(0, 300)
+            t = base + timedelta(minutes=rng.randrange(0, 240))
+            ranges.append(("g1", stream, lo, lo + rng.randrange(0, 25), t))
+    ranges += ranges[:15]  # copies landed again, the same time
+
+    def hours(df: Any) -> set[tuple[Any, ...]]:
+        return {(r.stream, r.lo, r.hi, r.t.replace(minute=0, second=0)) for r in df.collect()}
+
+    earliest: dict[tuple[str, int], datetime] = {}
+    for _, stream, lo, hi, t in ranges:
+        for p in range(lo, hi + 1):
+            earliest[stream, p] = min(t, earliest.get((stream, p), t))
+    runs: list[list[Any]] = []
+    for (stream, p), t in sorted(earliest.items()):
+        h = t.replace(minute=0)
+        if runs and runs[-1][0] == stream and runs[-1][2] == p - 1 and runs[-1][3] == h:
+            runs[-1][2] = p
+        else:
+            runs.append([stream, p, p, h])
+    want = {tuple(r) for r in runs}
+
+    def df(rows: list[Any]) -> Any:
+        return spark.createDataFrame(rows, C.LANDED_SCHEMA)
+
+    at_once = C.owned_ranges(df(ranges))
+    assert hours(at_once) == want
+    state = C.owned_ranges(df(ranges[:70])).localCheckpoint(eager=True)
+    in_steps = C.owned_ranges(state.unionByName(df(ranges[70:])))
+    twice = C.owned_ranges(at_once.unionByName(df(ranges)))
+    assert hours(in_steps) == hours(twice) == want
+    assert len(want) < len(ranges)  # (and fewer rows than ranges)
+
+
 # ------------------------------------------------------------ gaps judged in pieces
 
 
@@ -106,8 +198,8 @@ def test_a_gap_is_judged_in_pieces_cut_at_each_reason_and_at_what_was_told(spark
 
     big = 10**12  # a hole no one could list position by position
     landed = spark.createDataFrame(
-        [("g1", "g1/e1", 1, 10, t(0), 0), ("g1", "g1/e1", big + 11, big + 20, t(2), 0),
-         ("g1", "n1/1", 0, 5, t(0), 0), ("g1", "n1/1", 50, 60, t(0, 10), 0)],
+        [("g1", "g1/e1", 1, 10, t(0)), ("g1", "g1/e1", big + 11, big + 20, t(2)),
+         ("g1", "n1/1", 0, 5, t(0)), ("g1", "n1/1", 50, 60, t(0, 10))],
         C.LANDED_SCHEMA,
     )  # fmt: skip
     head = ("g1/e1/900", "g1", "e1", 900, t(1, 30), t(1), t(1, 30))
@@ -199,18 +291,21 @@ def test_the_ledgers_state_is_one_row_a_stream_and_the_same_however_it_was_built
         ("node_dropped", "n1/1", 3, 4, "ring_overflow", "", t(1), None),
     }
     landed = spark.createDataFrame(
-        [("g1", "g1/e1", 1, 10, t(0), 0), ("g1", "n1/1", 0, 1, t(0), 0)], C.LANDED_SCHEMA
+        [("g1", "g1/e1", 1, 10, t(0)), ("g1", "n1/1", 0, 1, t(0))], C.LANDED_SCHEMA
     )
     assert rows(C.missing_ranges(landed, at_once)) == rows(C.missing_ranges(landed, twice))
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("crash", ["pipeline_ledger_state_written", "pipeline_landed_written"])
 def test_a_run_killed_after_the_ledger_state_is_written_converges(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, crash: str
 ) -> None:
-    """The kill comes after a batch appended its buckets' state and before it deleted the
-    generations it replaces: the replay reads both, compacts them again, and the tables
-    are DuckDB's; once it has run, a generation per bucket is left."""
+    """The kill comes after a batch appended its buckets' ledger state (or its landed
+    ranges) and before it deleted the generations it replaces: the replay reads both,
+    compacts them again, and the tables are DuckDB's; once it has run, a generation of
+    the ledgers' state per bucket is left, and of ``landed`` the history's and the
+    batch's (the replay's ranges appended to its own again: read twice, counted once)."""
     import os
     import subprocess
 
@@ -232,7 +327,7 @@ def test_a_run_killed_after_the_ledger_state_is_written_converges(
     land(files[half:])
     cmd = hooked.command("pipeline", "run", "--landing", str(landing))
     cmd += ["--warehouse", str(wh), "--master", "local[1]"]
-    env = {**os.environ, "PUBCOMP_CRASH_AT": "pipeline_ledger_state_written"}
+    env = {**os.environ, "PUBCOMP_CRASH_AT": crash}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     gens = {b.name: sorted(g.name for g in b.glob("gen=*")) for b in
@@ -247,6 +342,59 @@ def test_a_run_killed_after_the_ledger_state_is_written_converges(
     gens = {b.name: sorted(g.name for g in b.glob("gen=*")) for b in
             (wh / "ledger_state").glob("bucket=*")}  # fmt: skip
     assert gens and all(len(g) == 1 for g in gens.values()), gens
+    landed = {b.name: sorted(g.name for g in b.glob("gen=*")) for b in
+              (wh / "landed").glob("bucket=*")}  # fmt: skip
+    assert landed and all(g == ["gen=0", "gen=1"] for g in landed.values()), landed
+
+
+def _generations(table: Path) -> dict[str, list[str]]:
+    return {b.name: sorted(g.name for g in b.glob("gen=*")) for b in table.glob("bucket=*")}
+
+
+@pytest.mark.timeout(900)
+def test_landed_is_kept_in_generations_compacted_and_converted_from_batches(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``landed`` (by bucket and generation): a warehouse written before it (``batch=N``)
+    is converted by the next batch, and with ``landed_max_generations`` 2 a bucket that
+    has two is compacted into one when next touched; over four runs the tables are
+    DuckDB's, and ``landed`` holds fewer rows than the batches landed ranges."""
+    from pubcomp.pipeline import completeness as C
+
+    gen, landing, wh = tmp_path / "gen", tmp_path / "landing", tmp_path / "wh"
+    spec = FleetSpec(gateways=3, nodes=1, readings=1_200, roll_minutes=10, seed=5,
+                     dup_rate=0.1, late_file_rate=0.2, node_drops=1, unexplained=1)  # fmt: skip
+    files = simulate(gen, spec)["files"]
+    quarter = -(-len(files) // 4)
+    table = wh / "landed"
+    ranges = 0
+    for i in range(4):
+        for f in files[i * quarter : (i + 1) * quarter]:
+            (landing / f["file"]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(gen / f["file"], landing / f["file"])
+        p = Pipeline(spark, str(landing), str(wh))
+        p.complete.landed_max_generations = 2
+        p.run()
+        if i == 0:  # as a version before the generations wrote it: by batch
+            old = spark.read.parquet(str(table)).select(*C.LANDED_COLUMNS)
+            ranges = old.count()
+            old = old.withColumn("batch", F.lit(0)).localCheckpoint(eager=True)
+            shutil.rmtree(table)
+            old.write.partitionBy("batch").parquet(str(table))
+            continue
+        assert not list(table.glob("batch=*"))
+        gens = _generations(table)
+        # converted (the old batches' generation and the run's), compacted, one more
+        assert gens and {len(g) for g in gens.values()} == {[2, 1, 2][i - 1]}, (i, gens)
+        # (what the batch landed: its files' ranges, owned within the batch only)
+        batch = spark.read.json([str(landing / f["file"]) for f in
+                                 files[i * quarter : (i + 1) * quarter]])  # fmt: skip
+        ranges += batch.where(F.col("_mqtt").isNotNull()).count()
+    kept = spark.read.parquet(str(table)).count()
+    assert 0 < kept < ranges, (kept, ranges)
+    res = ref.compare(ref.build(landing), wh)
+    for name, (_, only_spark, only_duck) in res.items():
+        assert only_spark == 0 and only_duck == 0, (name, res)
 
 
 # ------------------------------------------------------------ a fleet's planted holes
