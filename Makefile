@@ -64,6 +64,7 @@ bench: setup
 	$(PY) bench/outbox_sqlitedict.py
 	$(PY) bench/ingest_writeback.py --processes 10
 	$(PY) bench/pipeline.py --fleet --histories 1e6,1e7,5e7 --streams 100,10000
+	$(PY) bench/completeness_growth.py --streams 10000 --days 1,7,30
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out .cache tests/firmware/node_modules

@@ -81,7 +81,7 @@ class CompletenessTables:
         landed, compacted = self._landed(C.landed_ranges(parsed), gens, buckets, touched, batch_id)
         crash_point("pipeline_landed_written")
         if touched:
-            self._recompute(touched, state, landed)
+            self.recompute(touched, state, landed)
         self._drop_older_state(written, batch_id)
         self.landed.drop(gens, compacted, batch_id)
 
@@ -190,7 +190,7 @@ class CompletenessTables:
         limit = self.landed_max_generations
         compact = {b for b in buckets if len(gens.get(b, [])) >= limit}
         whole = F.col("bucket").isin(*compact) if compact else F.lit(False)
-        out = owned.where(whole).unionByName(mine.where(~whole))
+        out = owned.where(whole).drop("_after").unionByName(mine.where(~whole))
         # Appended, a replay's too (as the ledgers' state is): an overwrite deletes a
         # partition before it renames the new one in.
         self.landed.write(out, batch_id, replay=False)
@@ -207,7 +207,8 @@ class CompletenessTables:
             return
         read = self.spark.read.schema(C.LANDED_SCHEMA).option("basePath", self.path(LANDED))
         rows = read.parquet(*[p.toString() for p in old]).select(*C.LANDED_COLUMNS)
-        owned = C.owned_ranges(rows).withColumn("bucket", C.bucket(F.col("gateway")))
+        owned = C.owned_ranges(rows).drop("_after")
+        owned = owned.withColumn("bucket", C.bucket(F.col("gateway")))
         last = max(int(p.getName().removeprefix("batch=")) for p in old)
         self.landed.write(owned, last, replay=False)
         for p in old:
@@ -215,12 +216,12 @@ class CompletenessTables:
 
     # ------------------------------------------------------------ the table
 
-    def _recompute(self, buckets: list[int], state: DataFrame, landed: DataFrame) -> None:
+    def recompute(self, buckets: list[int], state: DataFrame, landed: DataFrame) -> None:
         """Every stream of the gateways in ``buckets``: both tables' partitions of them.
-        ``landed``: their owned ranges."""
+        ``landed``: their owned ranges (``completeness.owned_ranges``, with ``_after``)."""
         spark = self.spark
         state = state.where(F.col("bucket").isin(buckets))
-        landed = landed.where(F.col("bucket").isin(buckets)).select(*C.LANDED_COLUMNS)
+        landed = landed.where(F.col("bucket").isin(buckets)).drop("bucket")
         # Materialised once: the table below is built from them, not from their plan
         # (joins and windows over every stream of the buckets) again.
         gaps = C.missing_ranges(landed, state).localCheckpoint(eager=True)

@@ -409,47 +409,121 @@ def landed_ranges(parsed: DataFrame) -> DataFrame:
 
 
 def owned_ranges(ranges: DataFrame) -> DataFrame:
-    """``LANDED_SCHEMA``'s ranges made disjoint: each position in the hour of its earliest
-    copy (the earliest ``t`` of the ranges holding it), consecutive positions of one hour
-    a row. A span's positions take its last line's time, so a part of it sent again
-    alone (its landing acknowledgement late) can hold them from an earlier hour.
+    """``LANDED_SCHEMA``'s ranges made disjoint, with ``_after`` (the position after the
+    range before it; null for a stream's first): each position in the hour of its
+    earliest copy (the earliest ``t`` of the ranges holding it). A span's positions take
+    its last line's time, so a part of it sent again alone (its landing acknowledgement
+    late) can hold them from an earlier hour.
 
     Only the hour of each position counts, and it is the least over every range holding
     it, so the result is the same however the ranges were grouped before: compacting
     ``landed`` (the state so far with a batch's ranges) is idempotent and associative,
-    as a killed write read back, or a replay, needs. Ranges overlap only where a
-    position landed twice: they are cut into pieces at their bounds, and each piece
-    takes its owner, only within a run of overlapping ranges of more than one row."""
+    as a killed write read back, or a replay, needs.
+
+    One ordered pass over each stream's ranges: a range that overlaps no other is kept,
+    merged with the ranges of its hour it continues (consecutive positions of one hour a
+    row). Ranges overlap only where a position landed twice: only those are cut into
+    pieces at their bounds, each piece taking its owner. At a month of a 10,000-stream
+    fleet (7.2M ranges, a stream's hour a range) this takes 16-17 s, where ordering the
+    ranges by their first position and cutting off what came before (which gave a
+    position landed twice to the wrong hour) took 9-10 s, and cutting every range at
+    every bound 33-40 s."""
     key = ["gateway", "stream"]
     w = Window.partitionBy(*key).orderBy("lo", "hi")
-    prev = F.max("hi").over(w.rowsBetween(_UNBOUNDED, -1))
-    runs = (
-        ranges.select(*LANDED_COLUMNS)
-        .withColumn("_start", (prev.isNull() | (F.col("lo") > prev)).cast(LongType()))
-        .withColumn("_c", F.sum("_start").over(w.rowsBetween(_UNBOUNDED, 0)))
-        .withColumn("_n", F.count(F.lit(1)).over(Window.partitionBy(*key, "_c")))
+    # Every look at a neighbour is taken in one window (one sort, one pass), the running
+    # sums in a second over the same order: each window of its own is a pass over every
+    # range (7.2M at a month of a 10,000-stream fleet: 19 s with eight, 16-17 s so).
+    c = F.col
+    looks = {
+        "_p1": F.max("hi").over(w.rowsBetween(_UNBOUNDED, -1)),  # before this range
+        "_p2": F.max("hi").over(w.rowsBetween(_UNBOUNDED, -2)),  # before the one before
+        "_lo_p": F.lag("lo").over(w),
+        "_hi_p": F.lag("hi").over(w),
+        "_h_p": F.lag("_h").over(w),
+        "_lo_n": F.lead("lo").over(w),
+        "_hi_n": F.lead("hi").over(w),
+        "_lo_n2": F.lead("lo", 2).over(w),
+        "_h_n": F.lead("_h").over(w),
+    }
+    r = ranges.select(*LANDED_COLUMNS, F.date_trunc("hour", "t").alias("_h"))
+    r = r.select("*", *[v.alias(k) for k, v in looks.items()])
+
+    def start(lo: Column, before: Column) -> Column:  # overlaps nothing before it
+        return F.coalesce(lo > before, F.lit(True))
+
+    def many(lo: Column, hi: Column, before: Column, next_lo: Column) -> Column:
+        # overlaps a range before it, or the next overlaps it or one before it
+        reach = F.greatest(hi, before)  # (greatest skips a null)
+        return ~start(lo, before) | F.coalesce(next_lo <= reach, F.lit(False))
+
+    def new(lo: Column, before: Column, is_many: Column, was_many: Column, cont: Column) -> Column:
+        # A group: a run of overlapping ranges, or of kept ranges of one hour that
+        # continue each other (consecutive positions).
+        cont = F.coalesce(~is_many & ~was_many & cont, F.lit(False))
+        return F.when(is_many, start(lo, before)).otherwise(~cont)
+
+    m = many(c("lo"), c("hi"), c("_p1"), c("_lo_n"))
+    m_p = many(c("_lo_p"), c("_hi_p"), c("_p2"), c("lo"))
+    reach = F.greatest("hi", "_p1")  # what comes before the next range
+    m_n = many(c("_lo_n"), c("_hi_n"), reach, c("_lo_n2"))
+    follows = (c("_hi_p") + 1 == c("lo")) & (c("_h_p") == c("_h"))
+    n_follows = (c("hi") + 1 == c("_lo_n")) & (c("_h") == c("_h_n"))
+    r = r.select(
+        *LANDED_COLUMNS,
+        m.alias("_many"),
+        new(c("lo"), c("_p1"), m, m_p, follows).alias("_new"),
+        (c("_p1") + 1).alias("_after"),
+        # the last of its group: the next range begins a new one
+        F.coalesce(
+            F.when(c("_lo_n").isNotNull(), new(c("_lo_n"), reach, m_n, m, n_follows)),
+            F.lit(True),
+        ).alias("_last"),
     )
-    alone = runs.where(F.col("_n") == 1).select(*LANDED_COLUMNS)
-    many = runs.where(F.col("_n") > 1).select(*key, "_c", "lo", "hi", "t")
+    upto = w.rowsBetween(_UNBOUNDED, 0)
+    first = F.col("_new")
+    r = r.select(
+        "*",
+        F.sum(first.cast(LongType())).over(upto).alias("_g"),
+        # A group's first position, and what follows the range before it: its first
+        # row's (both grow with the order, so the largest so far is the group's).
+        F.max(F.when(first, F.col("lo"))).over(upto).alias("_g_lo"),
+        F.max(F.when(first, F.col("_after"))).over(upto).alias("_a"),
+    )
+    # A group's ranges, where they overlap, on its last row: one row a group, and one
+    # plan (no second read of the sorted ranges).
+    rs = F.collect_list(F.when(F.col("_many"), F.struct("lo", "hi", "t")))
+    groups = (
+        r.withColumn("rs", rs.over(Window.partitionBy(*key, "_g")))
+        .where(F.col("_last"))
+        .select(*key, F.col("_g_lo").alias("lo"), "hi", "t", F.col("_a").alias("a"), "_many", "rs")
+    )
     # A run of overlapping ranges covers every position from its first to its last, so
-    # each piece between two consecutive bounds lies inside one range at least.
-    bounds = many.select(*key, "_c", F.explode(F.array("lo", F.col("hi") + 1)).alias("cut"))
-    wc = Window.partitionBy(*key, "_c").orderBy("cut")
-    pieces = (
-        bounds.distinct()
-        .select(*key, "_c", F.col("cut").alias("p_lo"), (F.lead("cut").over(wc) - 1).alias("p_hi"))
-        .where(F.col("p_hi").isNotNull())
+    # each piece between two consecutive bounds lies inside one range at least, and takes
+    # the earliest of those; inside the run, what follows a piece is the next piece.
+    pieces = F.expr(
+        """transform(sequence(0, size(cuts) - 2), i -> named_struct(
+            'lo', cuts[i], 'hi', cuts[i + 1] - 1,
+            't', array_min(transform(filter(rs, x -> x.lo <= cuts[i] AND x.hi >= cuts[i + 1] - 1),
+                                     x -> x.t)),
+            '_after', IF(i = 0, a, cuts[i])))"""
     )
-    inside = (F.col("lo") <= F.col("p_lo")) & (F.col("hi") >= F.col("p_hi"))
-    owned = (
-        pieces.join(many, on=[*key, "_c"])
-        .where(inside)
-        .groupBy(*key, "p_lo", "p_hi")
-        .agg(F.min("t").alias("t"))
-        .select(*key, F.col("p_lo").alias("lo"), F.col("p_hi").alias("hi"), "t")
+    # Pieces of one hour that follow each other are one (a range landed twice in its hour).
+    merged = F.expr(
+        """aggregate(pieces, slice(pieces, 1, 0), (acc, p) -> IF(
+            size(acc) > 0 AND date_trunc('hour', acc[size(acc) - 1].t) = date_trunc('hour', p.t),
+            concat(slice(acc, 1, size(acc) - 1), array(named_struct(
+                'lo', acc[size(acc) - 1].lo, 'hi', p.hi, 't', least(acc[size(acc) - 1].t, p.t),
+                '_after', acc[size(acc) - 1]._after))),
+            concat(acc, array(p))))"""
     )
-    both = alone.unionByName(owned).withColumn("_hour", F.date_trunc("hour", "t"))
-    return merge_ranges(both, [*key, "_hour"]).select(*LANDED_COLUMNS)
+    bounds = F.transform("rs", lambda x: F.array(x.lo, x.hi + 1))
+    one = F.array(F.struct("lo", "hi", "t", F.col("a").alias("_after")))
+    parts = (
+        groups.withColumn("cuts", F.array_sort(F.array_distinct(F.flatten(bounds))))
+        .withColumn("pieces", F.when(F.col("_many"), pieces))
+        .select(*key, F.explode(F.when(F.col("_many"), merged).otherwise(one)).alias("p"))
+    )
+    return parts.select(*key, "p.lo", "p.hi", "p.t", "p._after")
 
 
 # ------------------------------------------------------------------ the table
@@ -513,12 +587,9 @@ def streams_of(landed: DataFrame, state: DataFrame) -> DataFrame:
 
 
 def _new_parts(landed: DataFrame) -> DataFrame:
-    """The landed ranges (disjoint: ``owned_ranges``), each with ``_after``: the position
-    after the range before it (null for a stream's first)."""
-    w = Window.partitionBy("gateway", "stream").orderBy("lo")
-    return landed.select(
-        "gateway", "stream", "lo", "hi", "t", (F.lag("hi").over(w) + 1).alias("_after")
-    )
+    """The landed ranges made disjoint, with ``_after`` (``owned_ranges``), unless they
+    are already (the job passes them so: made disjoint once for both tables)."""
+    return landed if "_after" in landed.columns else owned_ranges(landed)
 
 
 def missing_ranges(landed: DataFrame, state: DataFrame) -> DataFrame:

@@ -133,7 +133,7 @@ def test_owned_ranges_give_each_position_its_earliest_hour_however_they_were_gro
 ) -> None:
     """``owned_ranges`` against a position-by-position count of random ranges (three
     streams, overlaps within and across hours, copies): each position in the hour of its
-    earliest copy, consecutive positions of one hour a row. Compacted in two steps (the
+    earliest copy, each row with the position after the row before it. Compacted in two steps (the
     state so far, then a batch's ranges), or with every range twice (a killed append read
     back), the same rows: what the ``landed`` table's generations rely on."""
     import random
@@ -151,32 +151,40 @@ def test_owned_ranges_give_each_position_its_earliest_hour_however_they_were_gro
             ranges.append(("g1", stream, lo, lo + rng.randrange(0, 25), t))
     ranges += ranges[:15]  # copies landed again, the same time
 
-    def hours(df: Any) -> set[tuple[Any, ...]]:
-        return {(r.stream, r.lo, r.hi, r.t.replace(minute=0, second=0)) for r in df.collect()}
+    def hours(df: Any) -> dict[tuple[str, int], datetime]:
+        """Each position's hour; the rows disjoint, each with the position after the row
+        before it (``_after``)."""
+        out: dict[tuple[str, int], datetime] = {}
+        last: dict[str, int] = {}
+        for r in sorted(df.collect(), key=lambda r: (r.stream, r.lo)):
+            assert r._after == (last[r.stream] + 1 if r.stream in last else None), r
+            last[r.stream] = r.hi
+            for p in range(r.lo, r.hi + 1):
+                assert (r.stream, p) not in out, r
+                out[r.stream, p] = r.t.replace(minute=0, second=0)
+        return out
 
     earliest: dict[tuple[str, int], datetime] = {}
     for _, stream, lo, hi, t in ranges:
         for p in range(lo, hi + 1):
             earliest[stream, p] = min(t, earliest.get((stream, p), t))
-    runs: list[list[Any]] = []
-    for (stream, p), t in sorted(earliest.items()):
-        h = t.replace(minute=0)
-        if runs and runs[-1][0] == stream and runs[-1][2] == p - 1 and runs[-1][3] == h:
-            runs[-1][2] = p
-        else:
-            runs.append([stream, p, p, h])
-    want = {tuple(r) for r in runs}
+    want = {k: t.replace(minute=0) for k, t in earliest.items()}
 
     def df(rows: list[Any]) -> Any:
         return spark.createDataFrame(rows, C.LANDED_SCHEMA)
 
     at_once = C.owned_ranges(df(ranges))
     assert hours(at_once) == want
-    state = C.owned_ranges(df(ranges[:70])).localCheckpoint(eager=True)
+    state = C.owned_ranges(df(ranges[:70])).drop("_after").localCheckpoint(eager=True)
     in_steps = C.owned_ranges(state.unionByName(df(ranges[70:])))
-    twice = C.owned_ranges(at_once.unionByName(df(ranges)))
+    twice = C.owned_ranges(at_once.drop("_after").unionByName(df(ranges)))
     assert hours(in_steps) == hours(twice) == want
-    assert len(want) < len(ranges)  # (and fewer rows than ranges)
+    assert at_once.count() < len(ranges)
+    # Ranges of one hour that continue each other are one row; another hour's are not.
+    row = [("g1", "n9/0", 1, 5, base), ("g1", "n9/0", 6, 9, base + timedelta(minutes=20)),
+           ("g1", "n9/0", 10, 12, base + timedelta(minutes=65))]  # fmt: skip
+    got = {(r.lo, r.hi, r.t.hour, r._after) for r in C.owned_ranges(df(row)).collect()}
+    assert got == {(1, 9, 10, None), (10, 12, 11, 10)}
 
 
 # ------------------------------------------------------------ gaps judged in pieces

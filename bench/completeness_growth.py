@@ -1,0 +1,139 @@
+"""What a batch's completeness recompute costs as a fleet's history grows in time.
+
+The fleet mode of bench/pipeline.py counts history in lines: 50M lines of its
+10,000-stream fleet are about 29 hours, so it cannot show what a month does to the
+recompute, which reads every hour of every stream of the buckets a batch touches.
+This builds that state directly: ``landed`` of S streams (a gateway's store and its
+nine nodes' boots) with a range per stream and hour over D days, a hole a day in
+every 50th stream, and the ledgers' state (a ``told`` row per stream, a head per
+gateway); then times what a batch runs on it (``completeness.owned_ranges`` and
+``CompletenessTables.recompute`` of all 16 buckets), twice each, warm. The ratio is
+to the same work over the first (smallest) D: the issue 27 target for the increment
+is 1.2x of itself whatever the history.
+
+    python bench/completeness_growth.py --streams 10000 --days 1,7,30
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pyspark.sql import Column, DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from pubcomp.pipeline import completeness as C  # noqa: E402
+from pubcomp.pipeline.completejob import CompletenessTables  # noqa: E402
+from pubcomp.pipeline.job import spark_session  # noqa: E402
+
+BASE = datetime(2026, 11, 1, tzinfo=UTC)
+NODE_RATE, STORE_RATE = 60, 100  # positions a stream lands an hour
+
+
+def _stream_cols(s: Column) -> tuple[Column, Column, Column, Column]:
+    """Stream number -> gateway, stream name, first position, positions an hour."""
+    node = s % 10 > 0
+    gw = F.concat(F.lit("gw"), F.floor(s / 10).cast("string"))
+    name = F.when(node, F.concat(F.lit("n"), s.cast("string"), F.lit("/0")))
+    name = name.otherwise(F.concat(gw, F.lit("/e1")))
+    first = F.when(node, F.lit(0)).otherwise(F.lit(1))
+    per = F.when(node, F.lit(NODE_RATE)).otherwise(F.lit(STORE_RATE))
+    return gw, name, first, per
+
+
+def landed(spark: SparkSession, streams: int, hours: int) -> DataFrame:
+    ids = spark.range(streams * hours)
+    s, h = F.col("id") % streams, F.floor(F.col("id") / streams)
+    gw, name, first, per = _stream_cols(s)
+    lo = first + h * per
+    hole = (s % 50 == 0) & (h % 24 == 5)  # a hole of 10 a day in every 50th stream
+    t = F.timestamp_seconds(F.lit(int(BASE.timestamp())) + h * 3600 + 1800)
+    return ids.select(
+        gw.alias("gateway"),
+        name.alias("stream"),
+        (lo + F.when(hole, 10).otherwise(0)).cast("long").alias("lo"),
+        (lo + per - 1).cast("long").alias("hi"),
+        t.alias("t"),
+    )
+
+
+def ledger_state(spark: SparkSession, streams: int, hours: int) -> DataFrame:
+    gw, name, first, per = _stream_cols(F.col("id"))
+    none_t, none_s = F.lit(None).cast("timestamp"), F.lit(None).cast("string")
+    end = F.lit(BASE.timestamp() + hours * 3600).cast("timestamp")
+    told = spark.range(streams).select(
+        F.lit("").alias("id"), gw.alias("gateway"), F.lit("").alias("epoch"),
+        F.lit(-1).cast("long").alias("seq"), none_t.alias("ts"),
+        none_t.alias("window_start"), none_t.alias("window_end"), name.alias("stream"),
+        F.lit("told").alias("what"), none_s.alias("reason"), none_t.alias("at"),
+        (first + per * hours - 1).cast("long").alias("lo"),
+        (first + per * hours - 1).cast("long").alias("hi"),
+    )  # fmt: skip
+    g = F.concat(F.lit("gw"), F.col("id").cast("string"))
+    heads = spark.range(streams // 10).select(
+        F.concat(g, F.lit("/e1/9")).alias("id"), g.alias("gateway"), F.lit("e1").alias("epoch"),
+        F.lit(9).cast("long").alias("seq"), end.alias("ts"), end.alias("window_start"),
+        end.alias("window_end"), F.lit("").alias("stream"), F.lit("head").alias("what"),
+        none_s.alias("reason"), none_t.alias("at"), F.lit(0).cast("long").alias("lo"),
+        F.lit(0).cast("long").alias("hi"),
+    )  # fmt: skip
+    rows = told.unionByName(heads)
+    return rows.withColumn("bucket", C.bucket(F.col("gateway")))
+
+
+def measure(spark: SparkSession, streams: int, days: int, tmp: Path) -> tuple[int, float, float]:
+    """(ranges, seconds to own them, seconds to recompute): the faster of two runs."""
+    hours = days * 24
+    ranges = landed(spark, streams, hours).localCheckpoint(eager=True)
+    state = ledger_state(spark, streams, hours).localCheckpoint(eager=True)
+    tables = CompletenessTables(spark, str(tmp / f"wh-{days}"))
+    best: tuple[float, float] | None = None
+    for _ in range(2):
+        t0 = time.monotonic()
+        owned = C.owned_ranges(ranges).withColumn("bucket", C.bucket(F.col("gateway")))
+        owned = owned.localCheckpoint(eager=True)
+        t1 = time.monotonic()
+        tables.recompute(list(range(C.BUCKETS)), state, owned)
+        t2 = time.monotonic()
+        if best is None or t2 - t0 < sum(best):
+            best = (t1 - t0, t2 - t1)
+        owned.unpersist()
+    assert best is not None
+    return ranges.count(), *best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, default=10_000)
+    ap.add_argument("--days", default="1,7,30", help="history lengths, comma separated")
+    ap.add_argument("--master", default="local[*]")
+    args = ap.parse_args()
+    days = [int(d) for d in args.days.split(",")]
+    spark = spark_session(args.master, app="pubcomp-completeness-growth")
+    spark.sparkContext.setLogLevel("ERROR")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pubcomp-growth-") as tmp:
+        for d in days:
+            n, own_s, rec_s = measure(spark, args.streams, d, Path(tmp))
+            rows.append((d, n, own_s, rec_s))
+            print(f"  {d} days: {n:,} ranges, owned {own_s:.1f} s, recompute {rec_s:.1f} s",
+                  flush=True)  # fmt: skip
+    first = rows[0][2] + rows[0][3]
+    print(f"completeness recompute, {args.streams:,} streams, {args.master}")
+    print("  days      ranges  owned-s  recompute-s  total-s  vs-first (target 1.2)")
+    for d, n, own_s, rec_s in rows:
+        total = own_s + rec_s
+        print(f"  {d:>4}  {n:>10,}  {own_s:>7.1f}  {rec_s:>11.1f}  {total:>7.1f}  "
+              f"{total / first:>8.2f}")  # fmt: skip
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
