@@ -149,9 +149,9 @@ RECORDS_SCHEMA = StructType(
 )
 
 # ``landed``'s ranges: a run of consecutive positions of one stream in one hour (``t``:
-# the earliest time in it). What a batch landed (``landed_ranges``) may overlap what
-# others did; ``owned_ranges`` makes them disjoint. The table keeps them by bucket of
-# the gateway and generation (pipeline/completejob.py).
+# a time in that hour, the earliest of the batch's copies). What a batch landed
+# (``landed_ranges``) may overlap what others did; ``owned_ranges`` makes them disjoint.
+# The table keeps them by bucket of the gateway and generation (pipeline/completejob.py).
 LANDED_SCHEMA = StructType(
     [
         StructField("gateway", StringType(), False),
@@ -594,10 +594,10 @@ def _new_parts(landed: DataFrame) -> DataFrame:
 
 def missing_ranges(landed: DataFrame, state: DataFrame) -> DataFrame:
     """``completeness_gaps`` of every stream in ``landed`` and ``state`` (all of their
-    gateways' rows; ``landed``: ``owned_ranges``, disjoint; ``state``: ``ledger_state`` of
-    their ledgers): each stream's missing
-    ranges, per reason, detail and hour, by the rules in the module's docstring. (A
-    caller that writes both tables materialises these first: ``hourly`` reads them.)"""
+    gateways' rows; ``landed``: ``LANDED_SCHEMA``'s ranges, or ``owned_ranges``' made
+    once for both tables; ``state``: ``ledger_state`` of their ledgers): each stream's
+    missing ranges, per reason, detail and hour, by the rules in the module's docstring.
+    (A caller that writes both tables materialises these first: ``hourly`` reads them.)"""
     # Both are read by several branches below: materialised (a row per stream, a row
     # per reason's range), not planned again in each.
     streams = streams_of(landed, state).localCheckpoint(eager=True)
