@@ -394,7 +394,7 @@ def test_landed_is_kept_in_generations_compacted_and_converted_from_batches(
         gens = _generations(table)
         # converted (the old batches' generation and the run's), compacted, one more
         assert gens and {len(g) for g in gens.values()} == {[2, 1, 2][i - 1]}, (i, gens)
-        # (what the batch landed: its files' ranges, owned within the batch only)
+        # (its messages that name a store span: what landed would be, a row a message)
         batch = spark.read.json([str(landing / f["file"]) for f in
                                  files[i * quarter : (i + 1) * quarter]])  # fmt: skip
         ranges += batch.where(F.col("_mqtt").isNotNull()).count()
