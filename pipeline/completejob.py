@@ -21,12 +21,17 @@ Tables (Parquet, dynamic partition overwrite, so a replayed batch rewrites only 
   is idempotent, so a killed write read back with its older generations, or written
   twice, changes nothing. Until ``_built`` is in it, the state is built from every batch
   of ``ledger`` (a warehouse written before it, or a first build killed midway);
-- ``completeness`` and ``completeness_gaps`` (by bucket of the gateway): recomputed for
-  every gateway in the buckets the batch touched, from ``landed`` (owned, read once a
-  batch) and ``ledger_state``.
+- ``completeness`` (``bucket=B/day=D``) and ``completeness_gaps`` (``bucket=B``): each
+  stream of the buckets the batch touched judged again above the last landed position
+  below the first one the batch can change, and the days it changed written again
+  (pipeline/completedelta.py); every stream and day when the batch cannot start from
+  what was written (a first batch, the ledgers' state being built, a table written
+  before it was by day, a killed write of the gaps).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -34,6 +39,7 @@ from pyspark.sql import functions as F
 from pubcomp.sync import faults
 from pubcomp.sync.faults import crash_point
 
+from . import completedelta as D
 from . import completeness as C
 from .generations import Generations
 from .sparkenv import broadcast_if_small, delete_path, hadoop_path, path_exists
@@ -41,12 +47,17 @@ from .sparkenv import broadcast_if_small, delete_path, hadoop_path, path_exists
 # Crash points (sync/faults.py): the batch's ledger state appended, or its landed ranges,
 # and the generations they replace not yet deleted (both are read back: compacting them
 # again changes nothing).
-faults.register("pipeline_ledger_state_written", "pipeline_landed_written")
+faults.register(
+    "pipeline_ledger_state_written", "pipeline_landed_written", "pipeline_completeness_written"
+)
 
 TABLES = ("records", "ledger", "ledger_state", "landed", "completeness", "completeness_gaps")
 STATE = "ledger_state"
 LANDED = "landed"
 BUILT = "_built"  # in ledger_state once it holds every ledger row of every batch before
+BY_DAY = "_by_day"  # in completeness once it is kept by bucket and day
+GAPS = "completeness_gaps"
+WRITING = "_writing"  # in completeness_gaps while a batch rewrites them
 
 
 class CompletenessTables:
@@ -75,15 +86,32 @@ class CompletenessTables:
         their gateways (``completeness.bucket``)."""
         new = self._records(parsed, batch_id) if n_records else None
         self._convert_landed()
+        whole = self._whole()
+        if whole:  # every bucket judged again, every day written
+            buckets = list(range(C.BUCKETS))
         state, written = self._state(new, buckets, batch_id)
         touched = sorted(set(buckets) | written)
         gens = self.landed.on_disk()
-        landed, compacted = self._landed(C.landed_ranges(parsed), gens, buckets, touched, batch_id)
+        rows, mine, compacted = self._landed(
+            C.landed_ranges(parsed), gens, buckets, touched, batch_id
+        )
         crash_point("pipeline_landed_written")
         if touched:
-            self.recompute(touched, state, landed)
+            self.recompute(touched, state, rows, None if whole else Change(mine, new))
         self._drop_older_state(written, batch_id)
         self.landed.drop(gens, compacted, batch_id)
+
+    def _whole(self) -> bool:
+        """Whether the batch must judge every stream and write every day: the ledgers'
+        state is not built yet (it is built from every ledger: any reason may be new),
+        ``completeness`` is not by day yet (or not there), or a write of the gaps (the
+        rows the next batch starts from) was killed."""
+        table, spark = self.path("completeness"), self.spark
+        return (
+            not path_exists(spark, f"{self.path(STATE)}/{BUILT}")
+            or not path_exists(spark, f"{table}/{BY_DAY}")
+            or path_exists(spark, f"{self.path(GAPS)}/{WRITING}")
+        )
 
     def _records(self, parsed: DataFrame, batch_id: int) -> DataFrame | None:
         """Write the batch's new records and ledger rows; the ledger rows (``None``: none)."""
@@ -174,10 +202,11 @@ class CompletenessTables:
         buckets: list[int],
         touched: list[int],
         batch_id: int,
-    ) -> tuple[DataFrame, set[int]]:
+    ) -> tuple[DataFrame, DataFrame, set[int]]:
         """Append the batch's ``ranges`` as generation ``batch_id`` of their buckets, and
-        compact those that have ``landed_max_generations`` with them. The owned ranges of
-        ``touched`` (every generation's and the batch's), and the buckets compacted."""
+        compact those that have ``landed_max_generations`` with them. Every range of
+        ``touched`` (every generation's and the batch's), the batch's, and the buckets
+        compacted."""
         spark = self.spark
         mine = ranges.withColumn("bucket", C.bucket(F.col("gateway"))).localCheckpoint(eager=True)
         paths = [self.landed.path(b, g) for b in touched for g in gens.get(b, [])]
@@ -185,16 +214,18 @@ class CompletenessTables:
         if paths:
             read = spark.read.schema(C.LANDED_SCHEMA).option("basePath", self.path(LANDED))
             rows = read.parquet(*paths).select(*C.LANDED_COLUMNS).unionByName(rows)
-        owned = C.owned_ranges(rows).withColumn("bucket", C.bucket(F.col("gateway")))
-        owned = owned.localCheckpoint(eager=True)
         limit = self.landed_max_generations
         compact = {b for b in buckets if len(gens.get(b, [])) >= limit}
-        whole = F.col("bucket").isin(*compact) if compact else F.lit(False)
-        out = owned.where(whole).drop("_after").unionByName(mine.where(~whole))
+        out = mine
+        if compact:
+            whole = C.bucket(F.col("gateway")).isin(*compact)
+            owned = C.owned_ranges(rows.where(whole)).drop("_after")
+            owned = owned.withColumn("bucket", C.bucket(F.col("gateway")))
+            out = owned.unionByName(mine.where(~F.col("bucket").isin(*compact)))
         # Appended, a replay's too (as the ledgers' state is): an overwrite deletes a
         # partition before it renames the new one in.
         self.landed.write(out, batch_id, replay=False)
-        return owned, compact
+        return rows, mine.select(*C.LANDED_COLUMNS), compact
 
     def _convert_landed(self) -> None:
         """A warehouse written before the generations (``landed/batch=N``): its ranges
@@ -216,23 +247,105 @@ class CompletenessTables:
 
     # ------------------------------------------------------------ the table
 
-    def recompute(self, buckets: list[int], state: DataFrame, landed: DataFrame) -> None:
-        """Every stream of the gateways in ``buckets``: both tables' partitions of them.
-        ``landed``: their owned ranges (``completeness.owned_ranges``, with ``_after``)."""
-        spark = self.spark
+    def recompute(
+        self,
+        buckets: list[int],
+        state: DataFrame,
+        rows: DataFrame,
+        change: Change | None = None,
+    ) -> None:
+        """Both tables for every stream of the gateways in ``buckets``, from ``rows`` (every
+        landed range of them: ``LANDED_SCHEMA``) and their ledgers' ``state``: judged all
+        again and every day written (``change`` ``None``), or only what the batch's
+        ``change`` can change (pipeline/completedelta.py)."""
         state = state.where(F.col("bucket").isin(buckets))
-        landed = landed.where(F.col("bucket").isin(buckets)).drop("bucket")
-        # Materialised once: the table below is built from them, not from their plan
-        # (joins and windows over every stream of the buckets) again.
-        gaps = C.missing_ranges(landed, state).localCheckpoint(eager=True)
-        table = C.hourly(landed, state, gaps)
-        # The buckets' old gaps go first: a bucket with none left would keep them (an
-        # overwrite with no rows writes nothing). A crash before the write is replayed.
+        if change is None:
+            parts = C.owned_ranges(rows).localCheckpoint(eager=True)
+            # Materialised once: the table below is built from them, not from their plan
+            # (joins and windows over every stream of the buckets) again.
+            gaps = C.missing_ranges(parts, state).localCheckpoint(eager=True)
+            table = C.hourly(parts, state, gaps)
+            days = None
+        else:
+            gaps, days, on = self._judge_again(buckets, state, rows, change)
+            table = C.hourly(D.day_parts(rows, on, days), state, gaps, on)
+        self._write(buckets, gaps, table, days)
+
+    def _judge_again(
+        self, buckets: list[int], state: DataFrame, rows: DataFrame, change: Change
+    ) -> tuple[DataFrame, list[tuple[int, str]], DataFrame]:
+        """The gaps of ``buckets`` (those written before, judged again where ``change`` can
+        change them), and the days to write (as a list and as ``_b``, ``_day`` rows)."""
+        old = self._old_gaps(buckets)
+        starts = D.starts(rows, change.ranges, change.ledger, old, state).localCheckpoint(
+            eager=True
+        )
+        # Materialised: the gaps' two branches read it.
+        tail = C.owned_ranges(D.tail(rows, starts)).localCheckpoint(eager=True)
+        cols = C.GAPS_SCHEMA.names
+        again = C.missing_ranges(tail, D.their_state(state, starts))
+        again = D.judged_again(again, starts).select(*cols).localCheckpoint(eager=True)
+        gaps = D.kept(old, starts).select(*cols).unionByName(again).localCheckpoint(eager=True)
+        before = D.judged_again(old, starts).select(*cols)
+        diff = again.exceptAll(before).unionByName(before.exceptAll(again))
+        changed = D.landed_days(rows, change.ranges).unionByName(D.days(diff, F.col("hour")))
+        ledger = change.ledger
+        if ledger is not None and ledger.where(F.col("what") == "skipped").take(1):
+            changed = changed.unionByName(D.skipped_days(rows, ledger))
+        days = sorted((int(r[0]), str(r[1])) for r in changed.distinct().collect())
+        on = self.spark.createDataFrame(days, "_b int, _day string")
+        return gaps, days, on
+
+    def _old_gaps(self, buckets: list[int]) -> DataFrame:
+        gaps_at = self.path(GAPS)
+        paths = [f"{gaps_at}/bucket={b}" for b in buckets]
+        paths = [p for p in paths if path_exists(self.spark, p)]
+        if not paths:
+            return self.spark.createDataFrame([], C.GAPS_SCHEMA)
+        read = self.spark.read.schema(C.GAPS_SCHEMA).option("basePath", gaps_at)
+        return read.parquet(*paths).select(*C.GAPS_SCHEMA.names).localCheckpoint(eager=True)
+
+    def _write(
+        self,
+        buckets: list[int],
+        gaps: DataFrame,
+        table: DataFrame,
+        days: list[tuple[int, str]] | None,
+    ) -> None:
+        """``table``'s ``days`` of ``completeness`` (``None``: every day of ``buckets``),
+        then ``buckets``' gaps."""
+        spark, at, gaps_at = self.spark, self.path("completeness"), self.path(GAPS)
+        # A day left with no rows would keep its old ones (an overwrite with no rows
+        # writes nothing): deleted first. Killed before the write, the replay finds the
+        # same days (the gaps are the old ones) and writes them.
+        if days is None:
+            for b in buckets:
+                delete_path(spark, f"{at}/bucket={b}")
+        else:
+            for b, d in days:
+                delete_path(spark, f"{at}/bucket={b}/day={d}")
+        table = table.repartition("bucket", "day")
+        table.write.mode("overwrite").partitionBy("bucket", "day").parquet(at)
+        _touch(spark, f"{at}/{BY_DAY}")
+        crash_point("pipeline_completeness_written")
+        # The next batch starts from these rows: while they are rewritten, ``_writing``
+        # says they may be short (a killed write), and the next batch judges all again.
+        _touch(spark, f"{gaps_at}/{WRITING}")
         for b in buckets:
-            delete_path(spark, f"{self.path('completeness_gaps')}/bucket={b}")
-        gaps.repartition("bucket").write.mode("overwrite").partitionBy("bucket").parquet(
-            self.path("completeness_gaps")
-        )
-        table.repartition("bucket").write.mode("overwrite").partitionBy("bucket").parquet(
-            self.path("completeness")
-        )
+            delete_path(spark, f"{gaps_at}/bucket={b}")
+        gaps.repartition("bucket").write.mode("overwrite").partitionBy("bucket").parquet(gaps_at)
+        delete_path(spark, f"{gaps_at}/{WRITING}")
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a batch brought: its landed ranges (``LANDED_SCHEMA``) and its ledger rows
+    (``ledger``'s, ``None``: none)."""
+
+    ranges: DataFrame
+    ledger: DataFrame | None
+
+
+def _touch(spark: SparkSession, path: str) -> None:
+    fs, p = hadoop_path(spark, path)
+    fs.create(p, True).close()

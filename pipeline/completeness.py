@@ -36,17 +36,15 @@ missing range), for a stream of gateway ``g``:
   end for held), else the first landed position after it, else the latest ledger's
   window end. A landed position's hour is its earliest copy's (``owned_ranges``).
 
-Recomputed, not merged: each batch recomputes every stream of the gateways in the
-buckets its lines touch (``BUCKETS`` by gateway) from ``landed`` and the ledgers
+Judged from ranges, not merged row by row: a batch judges the streams of the gateways
+in the buckets its lines touch (``BUCKETS`` by gateway) from ``landed`` and the ledgers
 compacted (``ledger_state``: a row per stream, the latest ledger's held ranges, each
-reason's range once), which hold ranges, not readings, and writes those buckets of both
-tables. A later batch can
-change any hour of an old stream (a late copy fills a gap, a ledger explains one), so
-the rows of a gateway are only right when all of its streams are seen together; and a
-gateway's ranges are few (a row per stream, hour and gap), so this costs what the
-fleet's streams cost, not its history of readings. A gap is judged in pieces, cut
-where a reason's range begins or ends inside it: never position by position (a hole
-of a million positions costs what a hole of one does).
+reason's range once), which hold ranges, not readings. A later batch can change an old
+hour of a stream (a late copy fills a gap, a ledger explains one), but only above a
+point of each stream: pipeline/completedelta.py finds it, and these transforms judge
+what is above it (or, for a batch that cannot start from what was written, all). A
+gap is judged in pieces, cut where a reason's range begins or ends inside it: never
+position by position (a hole of a million positions costs what a hole of one does).
 """
 
 from __future__ import annotations
@@ -177,6 +175,7 @@ COMPLETENESS_SCHEMA = StructType(
         *[StructField(c, LongType(), False) for c in COUNTS],
         StructField("skipped", LongType(), False),
         StructField("bucket", IntegerType(), False),
+        StructField("day", StringType(), False),
     ]
 )
 GAPS_SCHEMA = StructType(
@@ -204,6 +203,19 @@ _UNBOUNDED = Window.unboundedPreceding
 
 def bucket(gateway: Column) -> Column:
     return F.pmod(F.xxhash64(gateway), F.lit(BUCKETS)).cast(IntegerType())
+
+
+def day_of(hour: Column) -> Column:
+    """``completeness``'s second partition: the hour's date (UTC, the session's zone), or
+    ``none`` for a gap with no time (a partition value must not be null)."""
+    return F.coalesce(F.date_format(hour, "yyyy-MM-dd"), F.lit("none"))
+
+
+def on_days(df: DataFrame, hour: Column, days: DataFrame) -> DataFrame:
+    """The rows of ``df`` (with ``gateway``) whose bucket and ``day_of(hour)`` are a row
+    of ``days`` (``_b``, ``_day``: a few, broadcast)."""
+    keyed = df.withColumn("_b", bucket(F.col("gateway"))).withColumn("_day", day_of(hour))
+    return keyed.join(F.broadcast(days), on=["_b", "_day"], how="left_semi").drop("_b", "_day")
 
 
 def wire_ts(text: Column) -> Column:
@@ -719,10 +731,19 @@ def _pieces(gaps: DataFrame, why: DataFrame) -> DataFrame:
     )
 
 
-def hourly(landed: DataFrame, state: DataFrame, gap_rows: DataFrame) -> DataFrame:
+def hourly(
+    landed: DataFrame, state: DataFrame, gap_rows: DataFrame, days: DataFrame | None = None
+) -> DataFrame:
     """``completeness``: per stream and hour, expected, landed, missing by reason and
     skipped, from the landed ranges (``owned_ranges``), the ledgers' skipped seqs
-    (``state``: ``ledger_state``) and the stream's missing ranges (``missing_ranges``)."""
+    (``state``: ``ledger_state``) and the stream's missing ranges (``missing_ranges``).
+    ``days`` (``_b``, ``_day``; ``None``: all): only the rows of those buckets' days,
+    built from those days' parts and gaps only (an hour's row is its own parts' and
+    gaps' sums, so the rest need not be read)."""
+    parts = _new_parts(landed)
+    if days is not None:
+        parts = on_days(parts, F.date_trunc("hour", "t"), days)
+        gap_rows = on_days(gap_rows, F.col("hour"), days)
     # Landed per hour: the disjoint parts, less the skipped seqs inside them (a span may
     # hold seqs the store never gave).
     skipped = merge_ranges(
@@ -735,8 +756,7 @@ def hourly(landed: DataFrame, state: DataFrame, gap_rows: DataFrame) -> DataFram
         "stream", "s_stream"
     )
     lp = (
-        _new_parts(landed)
-        .join(
+        parts.join(
             skipped,
             on=(F.col("gateway") == F.col("s_gateway"))
             & (F.col("stream") == F.col("s_stream"))
@@ -783,4 +803,5 @@ def hourly(landed: DataFrame, state: DataFrame, gap_rows: DataFrame) -> DataFram
         *COUNTS,
         "skipped",
         bucket(F.col("gateway")).alias("bucket"),
+        day_of(F.col("hour")).alias("day"),
     )

@@ -1,0 +1,168 @@
+"""What a batch can change of the completeness tables, so that it judges and writes
+again only that (pipeline/completejob.py writes; the rules are pipeline/completeness.py's).
+
+A stream's landed positions only grow, and so do its ``top`` and ``told``; a batch's
+ledger rows bring new reasons, and a gateway's new latest ledger new ``held`` ranges and
+a new time for its trailing hole. So for each stream there is a first position ``m`` the
+batch can change the judgement of:
+
+- the least position of the batch's ranges (they fill holes, or move positions to an
+  earlier copy's hour, which changes the hour of the hole before them);
+- the least position of the batch's ledger rows' ranges (a reason told);
+- for a gateway that sent a ledger (a new latest one): its held and unreported holes of
+  before (the old held are held no more; an unreported position may now be told), and
+  its trailing hole (its hour is the latest ledger's window end);
+
+and every hole below the last landed position before ``m`` (``a``) keeps its gap rows: its
+bounds, reasons and the part after it are unchanged. The positions above ``a`` are
+judged again from the ranges that reach above it (``tail``): ``owned_ranges`` is exact
+for every position above ``a``, because every range holding one does.
+
+``completeness`` (by bucket and day) is written again on the days a batch changes: the
+days of its ranges and of the earlier ranges they overlap (their positions may move to
+an earlier copy), the days of the ranges holding a seq newly told skipped, and the days
+of the gap rows that changed. An hour's row is its owned parts' and gaps' sums; the
+parts of a set of days are owned exactly from the ranges that overlap, per stream, the
+positions the ranges of those days span (``day_parts``).
+"""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
+
+from . import completeness as C
+from .sparkenv import broadcast_if_small
+
+KEY = ["gateway", "stream"]
+_TOP = 2**63 - 1  # "past every position": the trailing hole
+_BOTTOM = -(2**63)  # ``a`` of a stream with nothing below ``m``
+_JUDGED = ("held", "evicted", "dead_letter", "refused", "node_dropped", "skipped", "told")
+
+
+def days(df: DataFrame, hour: Column) -> DataFrame:
+    """The (``_b``, ``_day``) pairs of ``df``'s rows (with ``gateway``)."""
+    return df.select(C.bucket(F.col("gateway")).alias("_b"), C.day_of(hour).alias("_day"))
+
+
+def overlapping(rows: DataFrame, ranges: DataFrame) -> DataFrame:
+    """The rows of ``rows`` that share a position with one of ``ranges`` (a batch's, a
+    hull's: broadcast when small, so ``rows`` are scanned, not shuffled)."""
+    r = ranges.select(
+        F.col("gateway").alias("r_gateway"),
+        F.col("stream").alias("r_stream"),
+        F.col("lo").alias("rlo"),
+        F.col("hi").alias("rhi"),
+    ).localCheckpoint(eager=True)
+    on = (
+        (F.col("gateway") == F.col("r_gateway"))
+        & (F.col("stream") == F.col("r_stream"))
+        & (F.col("lo") <= F.col("rhi"))
+        & (F.col("hi") >= F.col("rlo"))
+    )
+    return rows.join(broadcast_if_small(r), on=on, how="left_semi")
+
+
+def landed_days(rows: DataFrame, ranges: DataFrame) -> DataFrame:
+    """The days whose landed counts ``ranges`` (a batch's, among ``rows``) may change:
+    those of the ranges they overlap, theirs included (a position landed again moves to
+    the earlier copy's hour)."""
+    return days(overlapping(rows, ranges), F.col("t"))
+
+
+def skipped_days(rows: DataFrame, ledger: DataFrame) -> DataFrame:
+    """The days of the landed ``rows`` holding a seq the batch's ``ledger`` rows newly
+    call skipped (their hour's landed count drops by it)."""
+    skipped = ledger.where(F.col("what") == "skipped").select(*C.LANDED_COLUMNS[:4])
+    return days(overlapping(rows, skipped), F.col("t"))
+
+
+def starts(
+    rows: DataFrame,
+    ranges: DataFrame,
+    ledger: DataFrame | None,
+    old_gaps: DataFrame,
+    state: DataFrame,
+) -> DataFrame:
+    """Per stream the batch can change (``gateway``, ``stream``, ``a``): ``a`` the last
+    landed position below its first changed one (``_BOTTOM``: none). ``rows``: every
+    landed range of the buckets (the batch's too); ``ranges``: the batch's; ``ledger``:
+    its ledger rows (``None``: none); ``old_gaps``: the gap rows written before it."""
+    firsts = ranges.select(*KEY, "lo")
+    told_by = None
+    if ledger is not None:
+        firsts = firsts.unionByName(ledger.where(F.col("what").isin(*_JUDGED)).select(*KEY, "lo"))
+        told_by = ledger.select("gateway").distinct().withColumn("_new", F.lit(True))
+        told_by = broadcast_if_small(told_by.localCheckpoint(eager=True))
+        old = old_gaps.where(F.col("reason").isin("held", "unreported"))
+        firsts = firsts.unionByName(old.join(told_by, "gateway", "left_semi").select(*KEY, "lo"))
+    m = firsts.groupBy(*KEY).agg(F.min("lo").alias("_m")).localCheckpoint(eager=True)
+    joined = rows.join(broadcast_if_small(m), KEY, "left")
+    least = F.col("_m")
+    if told_by is not None:
+        joined = joined.join(told_by, "gateway", "left")
+        # (least skips nulls)
+        least = F.least("_m", F.when(F.col("_new"), F.lit(_TOP).cast(LongType())))
+    below = F.when(F.col("lo") < least, F.least("hi", least - 1))
+    a = joined.where(least.isNotNull()).groupBy(*KEY).agg(F.max(below).alias("a"))
+    # Streams with nothing landed yet: told by a ledger, or the batch's first.
+    bare = m.select(*KEY)
+    if told_by is not None:
+        told = state.where(F.col("what") == "told").join(told_by, "gateway", "left_semi")
+        bare = bare.unionByName(told.select(*KEY))
+    none = F.lit(None).cast(LongType())
+    out = a.unionByName(bare.select(*KEY, none.alias("a"))).groupBy(*KEY).agg(F.max("a").alias("a"))
+    return out.select(*KEY, F.coalesce("a", F.lit(_BOTTOM).cast(LongType())).alias("a"))
+
+
+def _keyed(starts: DataFrame) -> DataFrame:
+    return broadcast_if_small(starts)  # (``starts``' callers materialise it)
+
+
+def tail(rows: DataFrame, starts: DataFrame) -> DataFrame:
+    """The ranges of the changed streams that reach above their ``a``."""
+    return rows.join(_keyed(starts), KEY).where(F.col("hi") >= F.col("a")).select(*C.LANDED_COLUMNS)
+
+
+def judged_again(gaps: DataFrame, starts: DataFrame) -> DataFrame:
+    """The gap rows of the changed streams above their ``a`` (of ``missing_ranges`` of a
+    ``tail``: what it says below ``a`` is not the stream's)."""
+    return gaps.join(_keyed(starts), KEY).where(F.col("lo") > F.col("a")).drop("a")
+
+
+def kept(old_gaps: DataFrame, starts: DataFrame) -> DataFrame:
+    """The gap rows written before that the batch cannot change."""
+    a = old_gaps.join(_keyed(starts), KEY, "left")
+    return a.where(F.col("a").isNull() | (F.col("lo") < F.col("a"))).drop("a")
+
+
+def their_state(state: DataFrame, starts: DataFrame) -> DataFrame:
+    """The ledgers' state of the changed streams, and every gateway's head."""
+    mine = state.join(_keyed(starts).select(*KEY), KEY, "left_semi")
+    return mine.unionByName(state.where(F.col("what") == "head"))
+
+
+def day_parts(rows: DataFrame, on: DataFrame, days: list[tuple[int, str]]) -> DataFrame:
+    """The owned parts (``owned_ranges``) of ``days`` (``on``: them as ``_b``, ``_day``
+    rows): owned from every range overlapping, per stream, the span of the ranges of
+    those days."""
+    of_days = C.on_days(rows.where(_between(F.col("t"), days)), F.col("t"), on)
+    hull = of_days.groupBy(*KEY).agg(F.min("lo").alias("lo"), F.max("hi").alias("hi"))
+    owned = C.owned_ranges(overlapping(rows, hull).select(*C.LANDED_COLUMNS))
+    return C.on_days(owned, F.date_trunc("hour", "t"), on)
+
+
+def _between(t: Column, days: list[tuple[int, str]]) -> Column:
+    """``t`` from the first of ``days`` to the end of the last (or null, for ``none``):
+    a cheap test that spares most rows the exact one (a hash and a date each)."""
+    dated = sorted({d for _, d in days if d != "none"})
+    near = F.lit(False)
+    if dated:
+        end = date.fromisoformat(dated[-1]) + timedelta(days=1)
+        near = (t >= F.to_timestamp(F.lit(dated[0]))) & (t < F.to_timestamp(F.lit(end.isoformat())))
+    if any(d == "none" for _, d in days):
+        near = near | t.isNull()
+    return near
