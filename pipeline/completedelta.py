@@ -40,7 +40,7 @@ from .sparkenv import broadcast_if_small
 KEY = ["gateway", "stream"]
 _TOP = 2**63 - 1  # "past every position": the trailing hole
 _BOTTOM = -(2**63)  # ``a`` of a stream with nothing below ``m``
-_JUDGED = ("held", "evicted", "dead_letter", "refused", "node_dropped", "skipped", "told")
+_JUDGED = ("held", "evicted", "dead_letter", "refused", "node_dropped", "skipped")
 
 
 def days(df: DataFrame, hour: Column) -> DataFrame:
@@ -147,12 +147,12 @@ def their_state(state: DataFrame, starts: DataFrame) -> DataFrame:
 
 def day_parts(rows: DataFrame, on: DataFrame, days: list[tuple[int, str]]) -> DataFrame:
     """The owned parts (``owned_ranges``) of ``days`` (``on``: them as ``_b``, ``_day``
-    rows): owned from every range overlapping, per stream, the span of the ranges of
-    those days."""
+    rows), owned from every range overlapping, per stream, the span of the ranges of
+    those days (so exactly: every range holding one of their positions is there)."""
     of_days = C.on_days(rows.where(_between(F.col("t"), days)), F.col("t"), on)
     hull = of_days.groupBy(*KEY).agg(F.min("lo").alias("lo"), F.max("hi").alias("hi"))
-    owned = C.owned_ranges(overlapping(rows, hull).select(*C.LANDED_COLUMNS))
-    return C.on_days(owned, F.date_trunc("hour", "t"), on)
+    # (every part of those days, and parts of others: ``hourly`` keeps the days' own)
+    return C.owned_ranges(overlapping(rows, hull).select(*C.LANDED_COLUMNS))
 
 
 def _between(t: Column, days: list[tuple[int, str]]) -> Column:

@@ -178,8 +178,7 @@ class CompletenessTables:
             state = C.ledger_state(ledger.drop("batch")).localCheckpoint(eager=True)
             written = {int(r[0]) for r in state.select("bucket").distinct().collect()}
             self._append_state(state, batch_id)
-        fs, p = hadoop_path(self.spark, f"{self.path(STATE)}/{BUILT}")
-        fs.create(p, True).close()
+        _touch(self.spark, f"{self.path(STATE)}/{BUILT}")
         return state, written
 
     def _append_state(self, state: DataFrame, batch_id: int) -> None:
