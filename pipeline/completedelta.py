@@ -69,13 +69,15 @@ def overlapping(rows: DataFrame, ranges: DataFrame) -> DataFrame:
 def landed_days(rows: DataFrame, ranges: DataFrame) -> DataFrame:
     """The days whose landed counts ``ranges`` (a batch's, among ``rows``) may change:
     those of the ranges they overlap, theirs included (a position landed again moves to
-    the earlier copy's hour)."""
+    the earlier copy's hour). ``rows`` may be a ``tail``: each range overlapping one of
+    the batch's reaches at or above its first position, so above ``a``."""
     return days(overlapping(rows, ranges), F.col("t"))
 
 
 def skipped_days(rows: DataFrame, ledger: DataFrame) -> DataFrame:
     """The days of the landed ``rows`` holding a seq the batch's ``ledger`` rows newly
-    call skipped (their hour's landed count drops by it)."""
+    call skipped (their hour's landed count drops by it). ``rows`` may be a ``tail``:
+    a skipped range told is one of the firsts ``m`` is the least of."""
     skipped = ledger.where(F.col("what") == "skipped").select(*C.LANDED_COLUMNS[:4])
     return days(overlapping(rows, skipped), F.col("t"))
 

@@ -5,14 +5,10 @@ Tables (Parquet, dynamic partition overwrite, so a replayed batch rewrites only 
 
 - ``records`` and ``ledger`` (by batch): the batch's records whose id no earlier batch
   kept (a replay reads the earlier batches only, and writes the same rows again);
-- ``landed`` (``bucket=B/gen=G``): the positions landed, as ranges. Batch ``G`` appends
-  what it landed as generation ``G`` of its buckets; a bucket with
-  ``landed_max_generations`` is compacted when next touched (``completeness.owned_ranges``
-  of all of them, appended as ``G``, the older deleted after the batch), so its files
-  and rows follow the streams and their hours, not the batches. Compacting is
-  idempotent and associative, so a killed write read back, or a replay that writes its
-  ranges twice, changes nothing. A warehouse written before (``landed/batch=N``) is
-  converted by the first batch that finds it;
+- ``landed`` (``bucket=B/day=D/gen=G``): the positions landed, as ranges, kept by
+  pipeline/landedstore.py: batch ``G`` appends what it landed as generation ``G`` of
+  the bucket days it landed in, and compacts a day that has ``max_generations`` when
+  it next lands in it;
 - ``ledger_state`` (``bucket=B/gen=G``): the ledgers compacted (``completeness.ledger_state``:
   a row per stream, the latest ledger's held ranges, each reason's range once), so that
   what a batch reads of them follows the fleet's streams, not the number of ledgers ever
@@ -42,6 +38,7 @@ from pubcomp.sync.faults import crash_point
 from . import completedelta as D
 from . import completeness as C
 from .generations import Generations
+from .landedstore import LandedStore, OnDisk, by_day
 from .sparkenv import broadcast_if_small, delete_path, hadoop_path, path_exists
 
 # Crash points (sync/faults.py): the batch's ledger state appended, or its landed ranges,
@@ -61,15 +58,11 @@ WRITING = "_writing"  # in completeness_gaps while a batch rewrites them
 
 
 class CompletenessTables:
-    # A bucket of ``landed`` gets a generation per batch that lands anything in it; one
-    # that has this many is compacted into one when next touched.
-    landed_max_generations = 8
-
     def __init__(self, spark: SparkSession, warehouse: str) -> None:
         self.spark = spark
         self.wh = warehouse.rstrip("/")
         self.state = Generations(spark, self.path(STATE))
-        self.landed = Generations(spark, self.path(LANDED))
+        self.landed = LandedStore(spark, self.path(LANDED))
 
     def path(self, table: str) -> str:
         return f"{self.wh}/{table}"
@@ -85,16 +78,14 @@ class CompletenessTables:
         ``n_records``: how many of them are good records; ``buckets``: the buckets of
         their gateways (``completeness.bucket``)."""
         new = self._records(parsed, batch_id) if n_records else None
-        self._convert_landed()
+        self.landed.convert()
         whole = self._whole()
         if whole:  # every bucket judged again, every day written
             buckets = list(range(C.BUCKETS))
         state, written = self._state(new, buckets, batch_id)
         touched = sorted(set(buckets) | written)
         gens = self.landed.on_disk()
-        rows, mine, compacted = self._landed(
-            C.landed_ranges(parsed), gens, buckets, touched, batch_id
-        )
+        rows, mine, compacted = self._landed(C.landed_ranges(parsed), gens, touched, batch_id)
         crash_point("pipeline_landed_written")
         if touched:
             self.recompute(touched, state, rows, None if whole else Change(mine, new))
@@ -195,54 +186,18 @@ class CompletenessTables:
     # ------------------------------------------------------------ what landed
 
     def _landed(
-        self,
-        ranges: DataFrame,
-        gens: dict[int, list[int]],
-        buckets: list[int],
-        touched: list[int],
-        batch_id: int,
-    ) -> tuple[DataFrame, DataFrame, set[int]]:
-        """Append the batch's ``ranges`` as generation ``batch_id`` of their buckets, and
-        compact those that have ``landed_max_generations`` with them. Every range of
-        ``touched`` (every generation's and the batch's), the batch's, and the buckets
-        compacted."""
-        spark = self.spark
-        mine = ranges.withColumn("bucket", C.bucket(F.col("gateway"))).localCheckpoint(eager=True)
-        paths = [self.landed.path(b, g) for b in touched for g in gens.get(b, [])]
+        self, ranges: DataFrame, gens: OnDisk, touched: list[int], batch_id: int
+    ) -> tuple[DataFrame, DataFrame, set[tuple[int, str]]]:
+        """Append the batch's ``ranges`` to ``landed`` (compacting the days that are due).
+        Every range of ``touched`` (every generation's and the batch's), the batch's, and
+        the bucket days compacted."""
+        mine = by_day(ranges).localCheckpoint(eager=True)
         rows = mine.select(*C.LANDED_COLUMNS)
-        if paths:
-            read = spark.read.schema(C.LANDED_SCHEMA).option("basePath", self.path(LANDED))
-            rows = read.parquet(*paths).select(*C.LANDED_COLUMNS).unionByName(rows)
-        limit = self.landed_max_generations
-        compact = {b for b in buckets if len(gens.get(b, [])) >= limit}
-        out = mine
-        if compact:
-            whole = C.bucket(F.col("gateway")).isin(*compact)
-            owned = C.owned_ranges(rows.where(whole)).drop("_after")
-            owned = owned.withColumn("bucket", C.bucket(F.col("gateway")))
-            out = owned.unionByName(mine.where(~F.col("bucket").isin(*compact)))
-        # Appended, a replay's too (as the ledgers' state is): an overwrite deletes a
-        # partition before it renames the new one in.
-        self.landed.write(out, batch_id, replay=False)
-        return rows, mine.select(*C.LANDED_COLUMNS), compact
-
-    def _convert_landed(self) -> None:
-        """A warehouse written before the generations (``landed/batch=N``): its ranges
-        owned and appended as generation ``N`` (the last), then the old partitions
-        deleted. Killed before the delete, the next batch converts again (the same
-        ranges twice: nothing changes)."""
-        fs, pattern = hadoop_path(self.spark, self.path(LANDED) + "/batch=*")
-        old = [st.getPath() for st in fs.globStatus(pattern) or [] if st.isDirectory()]
-        if not old:
-            return
-        read = self.spark.read.schema(C.LANDED_SCHEMA).option("basePath", self.path(LANDED))
-        rows = read.parquet(*[p.toString() for p in old]).select(*C.LANDED_COLUMNS)
-        owned = C.owned_ranges(rows).drop("_after")
-        owned = owned.withColumn("bucket", C.bucket(F.col("gateway")))
-        last = max(int(p.getName().removeprefix("batch=")) for p in old)
-        self.landed.write(owned, last, replay=False)
-        for p in old:
-            delete_path(self.spark, p.toString())
+        old = self.landed.read(gens, touched)
+        if old is not None:
+            rows = old.unionByName(rows)
+        compacted = self.landed.append(mine, gens, batch_id)
+        return rows, mine.select(*C.LANDED_COLUMNS), compacted
 
     # ------------------------------------------------------------ the table
 
@@ -279,18 +234,20 @@ class CompletenessTables:
         starts = D.starts(rows, change.ranges, change.ledger, old, state).localCheckpoint(
             eager=True
         )
-        # Materialised: the gaps' two branches read it.
-        tail = C.owned_ranges(D.tail(rows, starts)).localCheckpoint(eager=True)
+        # Materialised: the gaps read its parts, and the changed days its ranges (every
+        # range holding a position the batch brings, or newly told skipped, is in it).
+        reach = D.tail(rows, starts).localCheckpoint(eager=True)
+        tail = C.owned_ranges(reach).localCheckpoint(eager=True)
         cols = C.GAPS_SCHEMA.names
         again = C.missing_ranges(tail, D.their_state(state, starts))
         again = D.judged_again(again, starts).select(*cols).localCheckpoint(eager=True)
         gaps = D.kept(old, starts).select(*cols).unionByName(again).localCheckpoint(eager=True)
         before = D.judged_again(old, starts).select(*cols)
         diff = again.exceptAll(before).unionByName(before.exceptAll(again))
-        changed = D.landed_days(rows, change.ranges).unionByName(D.days(diff, F.col("hour")))
+        changed = D.landed_days(reach, change.ranges).unionByName(D.days(diff, F.col("hour")))
         ledger = change.ledger
         if ledger is not None and ledger.where(F.col("what") == "skipped").take(1):
-            changed = changed.unionByName(D.skipped_days(rows, ledger))
+            changed = changed.unionByName(D.skipped_days(reach, ledger))
         days = sorted((int(r[0]), str(r[1])) for r in changed.distinct().collect())
         on = self.spark.createDataFrame(days, "_b int, _day string")
         return gaps, days, on
