@@ -82,34 +82,82 @@ def skipped_days(rows: DataFrame, ledger: DataFrame) -> DataFrame:
     return days(overlapping(rows, skipped), F.col("t"))
 
 
-def starts(
-    rows: DataFrame,
-    ranges: DataFrame,
-    ledger: DataFrame | None,
-    old_gaps: DataFrame,
-    state: DataFrame,
-) -> DataFrame:
-    """Per stream the batch can change (``gateway``, ``stream``, ``a``): ``a`` the last
-    landed position below its first changed one (``_BOTTOM``: none). ``rows``: every
-    landed range of the buckets (the batch's too); ``ranges``: the batch's; ``ledger``:
-    its ledger rows (``None``: none); ``old_gaps``: the gap rows written before it."""
-    firsts = ranges.select(*KEY, "lo")
+def firsts(
+    ranges: DataFrame, ledger: DataFrame | None, old_gaps: DataFrame
+) -> tuple[DataFrame, DataFrame | None]:
+    """Per stream the batch changes, its first changed position (``gateway``, ``stream``,
+    ``_m``), and the gateways that sent a ledger (``gateway``, ``_new``; ``None``: none).
+    ``ranges``: the batch's; ``ledger``: its ledger rows (``None``: none); ``old_gaps``:
+    the gap rows written before it. Both materialised."""
+    first = ranges.select(*KEY, "lo")
     told_by = None
     if ledger is not None:
-        firsts = firsts.unionByName(ledger.where(F.col("what").isin(*_JUDGED)).select(*KEY, "lo"))
+        first = first.unionByName(ledger.where(F.col("what").isin(*_JUDGED)).select(*KEY, "lo"))
         told_by = ledger.select("gateway").distinct().withColumn("_new", F.lit(True))
         told_by = broadcast_if_small(told_by.localCheckpoint(eager=True))
         old = old_gaps.where(F.col("reason").isin("held", "unreported"))
-        firsts = firsts.unionByName(old.join(told_by, "gateway", "left_semi").select(*KEY, "lo"))
-    m = firsts.groupBy(*KEY).agg(F.min("lo").alias("_m")).localCheckpoint(eager=True)
-    joined = rows.join(broadcast_if_small(m), KEY, "left")
+        first = first.unionByName(old.join(told_by, "gateway", "left_semi").select(*KEY, "lo"))
+    m = first.groupBy(*KEY).agg(F.min("lo").alias("_m")).localCheckpoint(eager=True)
+    return broadcast_if_small(m), told_by
+
+
+def _least(rows: DataFrame, m: DataFrame, told_by: DataFrame | None) -> DataFrame:
+    """``rows`` of the changed streams, with their first changed position ``_least``
+    (past every position for a stream whose gateway's new ledger is all it changed)."""
+    joined = rows.join(m, KEY, "left")
     least = F.col("_m")
     if told_by is not None:
         joined = joined.join(told_by, "gateway", "left")
         # (least skips nulls)
         least = F.least("_m", F.when(F.col("_new"), F.lit(_TOP).cast(LongType())))
-    below = F.when(F.col("lo") < least, F.least("hi", least - 1))
-    a = joined.where(least.isNotNull()).groupBy(*KEY).agg(F.max(below).alias("a"))
+    return joined.withColumn("_least", least).where(F.col("_least").isNotNull())
+
+
+def floors(spans: DataFrame, m: DataFrame, told_by: DataFrame | None) -> DataFrame:
+    """Per changed stream, the greatest position of its days whose every position is
+    below its first changed one (``_floor``; null: no such day), from ``spans`` (a row
+    per stream and day: pipeline/landedhull.py). Its ``a`` is at least that, and only
+    the days reaching above it hold ranges its ``a`` and ``tail`` come from."""
+    below = F.when(F.col("hi") < F.col("_least"), F.col("hi"))
+    return _least(spans, m, told_by).groupBy(*KEY).agg(F.max(below).alias("_floor"))
+
+
+def reach_days(spans: DataFrame, floors: DataFrame) -> list[tuple[int, str]]:
+    """The (bucket, day) pairs holding a range of a changed stream that reaches its floor:
+    every range its ``a`` and ``tail`` are found from is on one of them (the tail's
+    first, which ends at ``a``, may be the floor's)."""
+    j = spans.join(broadcast_if_small(floors), KEY)
+    j = j.where(F.col("_floor").isNull() | (F.col("hi") >= F.col("_floor")))
+    return sorted((int(r[0]), str(r[1])) for r in j.select("bucket", "day").distinct().collect())
+
+
+def span_days(spans: DataFrame, on: DataFrame) -> list[tuple[int, str]]:
+    """The (bucket, day) pairs holding a range that shares a position with, per stream,
+    the span of its ranges on the days ``on`` (``_b``, ``_day``): every range
+    ``day_parts`` owns those days' parts from is on one of them."""
+    of = spans.join(F.broadcast(on.withColumnRenamed("_b", "bucket").withColumnRenamed(
+        "_day", "day")), ["bucket", "day"], "left_semi")  # fmt: skip
+    hull = of.groupBy(*KEY).agg(F.min("lo").alias("lo"), F.max("hi").alias("hi"))
+    near = overlapping(spans, hull.localCheckpoint(eager=True))
+    return sorted((int(r[0]), str(r[1])) for r in near.select("bucket", "day").distinct().collect())
+
+
+def starts(
+    rows: DataFrame,
+    m: DataFrame,
+    told_by: DataFrame | None,
+    state: DataFrame,
+    floors: DataFrame | None = None,
+) -> DataFrame:
+    """Per stream the batch can change (``gateway``, ``stream``, ``a``): ``a`` the last
+    landed position below its first changed one (``_BOTTOM``: none). ``rows``: the
+    landed ranges of the buckets (the batch's too): every one, or (with ``floors``)
+    those of the days ``reach_days`` names, the days below each stream's floor standing
+    for theirs; ``m``, ``told_by``: ``firsts``'."""
+    below = F.when(F.col("lo") < F.col("_least"), F.least("hi", F.col("_least") - 1))
+    a = _least(rows, m, told_by).groupBy(*KEY).agg(F.max(below).alias("a"))
+    if floors is not None:
+        a = a.unionByName(floors.select(*KEY, F.col("_floor").alias("a")))
     # Streams with nothing landed yet: told by a ledger, or the batch's first.
     bare = m.select(*KEY)
     if told_by is not None:

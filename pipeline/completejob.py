@@ -37,8 +37,9 @@ from pubcomp.sync.faults import crash_point
 
 from . import completedelta as D
 from . import completeness as C
+from . import landedhull as H
 from .generations import Generations
-from .landedstore import LandedStore, OnDisk, by_day
+from .landedstore import LandedStore, OnDisk, View, by_day
 from .sparkenv import broadcast_if_small, delete_path, hadoop_path, path_exists
 
 # Crash points (sync/faults.py): the batch's ledger state appended, or its landed ranges,
@@ -48,9 +49,18 @@ faults.register(
     "pipeline_ledger_state_written", "pipeline_landed_written", "pipeline_completeness_written"
 )
 
-TABLES = ("records", "ledger", "ledger_state", "landed", "completeness", "completeness_gaps")
+TABLES = (
+    "records",
+    "ledger",
+    "ledger_state",
+    "landed",
+    "landed_hull",
+    "completeness",
+    "completeness_gaps",
+)
 STATE = "ledger_state"
 LANDED = "landed"
+HULL = "landed_hull"
 BUILT = "_built"  # in ledger_state once it holds every ledger row of every batch before
 BY_DAY = "_by_day"  # in completeness once it is kept by bucket and day
 GAPS = "completeness_gaps"
@@ -63,6 +73,7 @@ class CompletenessTables:
         self.wh = warehouse.rstrip("/")
         self.state = Generations(spark, self.path(STATE))
         self.landed = LandedStore(spark, self.path(LANDED))
+        self.hull = H.LandedHull(spark, self.path(HULL))
 
     def path(self, table: str) -> str:
         return f"{self.wh}/{table}"
@@ -84,13 +95,16 @@ class CompletenessTables:
             buckets = list(range(C.BUCKETS))
         state, written = self._state(new, buckets, batch_id)
         touched = sorted(set(buckets) | written)
-        gens = self.landed.on_disk()
-        rows, mine, compacted = self._landed(C.landed_ranges(parsed), gens, touched, batch_id)
+        gens, hull_gens = self.landed.on_disk(), self.hull.gens.on_disk()
+        view, hull_compacted = self._landed(
+            C.landed_ranges(parsed), gens, hull_gens, touched, batch_id, not whole
+        )
         crash_point("pipeline_landed_written")
         if touched:
-            self.recompute(touched, state, rows, None if whole else Change(mine, new))
+            self.recompute(touched, state, view, None if whole else Change(view.mine, new))
         self._drop_older_state(written, batch_id)
-        self.landed.drop(gens, compacted, batch_id)
+        self.landed.drop(gens, view.compacted, batch_id)
+        self.hull.drop(hull_gens, hull_compacted, batch_id)
 
     def _whole(self) -> bool:
         """Whether the batch must judge every stream and write every day: the ledgers'
@@ -186,18 +200,42 @@ class CompletenessTables:
     # ------------------------------------------------------------ what landed
 
     def _landed(
-        self, ranges: DataFrame, gens: OnDisk, touched: list[int], batch_id: int
-    ) -> tuple[DataFrame, DataFrame, set[tuple[int, str]]]:
-        """Append the batch's ``ranges`` to ``landed`` (compacting the days that are due).
-        Every range of ``touched`` (every generation's and the batch's), the batch's, and
-        the bucket days compacted."""
+        self,
+        ranges: DataFrame,
+        gens: OnDisk,
+        hull_gens: dict[int, list[int]],
+        touched: list[int],
+        batch_id: int,
+        spans: bool,
+    ) -> tuple[View, set[int]]:
+        """Append the batch's ``ranges`` to ``landed_hull`` (as spans) and then to
+        ``landed``, compacting what is due. What the batch reads of ``landed`` (with the
+        spans of ``touched`` if ``spans``), and the buckets of ``landed_hull`` compacted."""
         mine = by_day(ranges).localCheckpoint(eager=True)
-        rows = mine.select(*C.LANDED_COLUMNS)
-        old = self.landed.read(gens, touched)
-        if old is not None:
-            rows = old.unionByName(rows)
+        my_spans = H.spans(mine.select(*C.LANDED_COLUMNS)).localCheckpoint(eager=True)
+        if self.hull.built():
+            # (the batch's buckets are among ``touched``; those it landed in must be, or
+            # a compaction of one would write its spans without those on disk)
+            landed_in = {int(r[0]) for r in my_spans.select("bucket").distinct().collect()}
+            every = self.hull.current(hull_gens, sorted(set(touched) | landed_in), my_spans)
+            if spans:
+                every = every.localCheckpoint(eager=True)
+            hull_compacted = self.hull.append(my_spans, every, hull_gens, batch_id)
+        else:  # built from every range on disk and the batch's
+            old = self.landed.read(gens, sorted(gens))
+            rows = mine.select(*C.LANDED_COLUMNS)
+            every = self.hull.build(rows if old is None else old.unionByName(rows), batch_id)
+            hull_compacted = set()
         compacted = self.landed.append(mine, gens, batch_id)
-        return rows, mine.select(*C.LANDED_COLUMNS), compacted
+        view = View(
+            self.landed,
+            gens,
+            touched,
+            mine.select(*C.LANDED_COLUMNS),
+            every if spans else None,
+            compacted,
+        )
+        return view, hull_compacted
 
     # ------------------------------------------------------------ the table
 
@@ -205,35 +243,40 @@ class CompletenessTables:
         self,
         buckets: list[int],
         state: DataFrame,
-        rows: DataFrame,
+        view: View,
         change: Change | None = None,
     ) -> None:
-        """Both tables for every stream of the gateways in ``buckets``, from ``rows`` (every
-        landed range of them: ``LANDED_SCHEMA``) and their ledgers' ``state``: judged all
-        again and every day written (``change`` ``None``), or only what the batch's
-        ``change`` can change (pipeline/completedelta.py)."""
+        """Both tables for every stream of the gateways in ``buckets``, from their landed
+        ranges (``view``) and their ledgers' ``state``: judged all again and every day
+        written (``change`` ``None``), or only what the batch's ``change`` can change
+        (pipeline/completedelta.py), reading only the days of ``landed`` that can
+        matter to it."""
         state = state.where(F.col("bucket").isin(buckets))
         if change is None:
-            parts = C.owned_ranges(rows).localCheckpoint(eager=True)
+            parts = C.owned_ranges(view.all()).localCheckpoint(eager=True)
             # Materialised once: the table below is built from them, not from their plan
             # (joins and windows over every stream of the buckets) again.
             gaps = C.missing_ranges(parts, state).localCheckpoint(eager=True)
             table = C.hourly(parts, state, gaps)
             days = None
         else:
-            gaps, days, on = self._judge_again(buckets, state, rows, change)
+            assert view.spans is not None, "a batch judges again from the days' spans"
+            gaps, days, on = self._judge_again(buckets, state, view, change)
+            rows = view.on(D.span_days(view.spans, on))
             table = C.hourly(D.day_parts(rows, on, days), state, gaps, on)
         self._write(buckets, gaps, table, days)
 
     def _judge_again(
-        self, buckets: list[int], state: DataFrame, rows: DataFrame, change: Change
+        self, buckets: list[int], state: DataFrame, view: View, change: Change
     ) -> tuple[DataFrame, list[tuple[int, str]], DataFrame]:
         """The gaps of ``buckets`` (those written before, judged again where ``change`` can
         change them), and the days to write (as a list and as ``_b``, ``_day`` rows)."""
+        assert view.spans is not None
         old = self._old_gaps(buckets)
-        starts = D.starts(rows, change.ranges, change.ledger, old, state).localCheckpoint(
-            eager=True
-        )
+        m, told_by = D.firsts(change.ranges, change.ledger, old)
+        floors = D.floors(view.spans, m, told_by).localCheckpoint(eager=True)
+        rows = view.on(D.reach_days(view.spans, floors))
+        starts = D.starts(rows, m, told_by, state, floors).localCheckpoint(eager=True)
         # Materialised: the gaps read its parts, and the changed days its ranges (every
         # range holding a position the batch brings, or newly told skipped, is in it).
         reach = D.tail(rows, starts).localCheckpoint(eager=True)

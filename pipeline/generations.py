@@ -1,8 +1,9 @@
 """A table kept as ``{root}/bucket=B/gen=G``: a generation is what batch ``G`` wrote in
-bucket ``B``. The seen index (pipeline/seenstore.py) and the ledgers' state
-(pipeline/completejob.py) are kept so: a batch writes a generation of the buckets it
-touched, and the generations it replaced are deleted only after it, so a kill leaves
-the older rows beside the newer, never neither.
+bucket ``B``. The seen index (pipeline/seenstore.py), the ledgers' state
+(pipeline/completejob.py) and the spans of ``landed`` (pipeline/landedhull.py) are kept
+so: a batch writes a generation of the buckets it touched, and the generations it
+replaced are deleted only after it, so a kill leaves the older rows beside the newer,
+never neither.
 """
 
 from __future__ import annotations

@@ -40,7 +40,9 @@ def spans(rows: DataFrame) -> DataFrame:
     ``completeness.day_of`` of ``t``) or spans (``HULL_SCHEMA``), with ``bucket``."""
     if "day" not in rows.columns:
         rows = rows.withColumn("day", C.day_of(F.col("t")))
-    out = rows.groupBy("gateway", "stream", "day").agg(F.min("lo").alias("lo"), F.max("hi").alias("hi"))
+    out = rows.groupBy("gateway", "stream", "day").agg(
+        F.min("lo").alias("lo"), F.max("hi").alias("hi")
+    )
     return out.withColumn("bucket", C.bucket(F.col("gateway")))
 
 
@@ -64,7 +66,9 @@ class LandedHull:
         read = self.spark.read.schema(HULL_SCHEMA).option("basePath", self.root)
         return read.parquet(*paths).select(*HULL_COLUMNS)
 
-    def current(self, on_disk: dict[int, list[int]], buckets: list[int], mine: DataFrame) -> DataFrame:
+    def current(
+        self, on_disk: dict[int, list[int]], buckets: list[int], mine: DataFrame
+    ) -> DataFrame:
         """Every span of ``buckets``: those on disk and those of ``mine`` (spans)."""
         every = mine.select(*HULL_COLUMNS)
         old = self.read(on_disk, buckets)

@@ -20,6 +20,7 @@ and ``landed/bucket=B/gen=G`` (sessions 25 to 27).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -64,6 +65,11 @@ class LandedStore:
             for day, gens in sorted(on_disk.get(b, {}).items())
             for g in gens
         ]
+        return self._read(paths)
+
+    def read_days(self, on_disk: OnDisk, days: list[tuple[int, str]]) -> DataFrame | None:
+        """Every range of the (bucket, day) pairs ``days`` on disk (``None``: none)."""
+        paths = [self.path(b, d, g) for b, d in days for g in on_disk.get(b, {}).get(d, [])]
         return self._read(paths)
 
     def append(self, mine: DataFrame, on_disk: OnDisk, batch_id: int) -> set[tuple[int, str]]:
@@ -132,3 +138,27 @@ def by_day(ranges: DataFrame) -> DataFrame:
     """``ranges`` (``LANDED_SCHEMA``) with the ``bucket`` and ``day`` they are kept under."""
     keyed = ranges.withColumn("bucket", C.bucket(F.col("gateway")))
     return keyed.withColumn("day", C.day_of(F.col("t")))
+
+
+@dataclass(frozen=True)
+class View:
+    """What a batch reads of ``landed``: the ranges on disk when it began (``on_disk``)
+    of ``buckets``, and its own (``mine``, ``LANDED_SCHEMA``); ``spans``: a row per
+    stream and day of all of them (pipeline/landedhull.py; ``None``: not read)."""
+
+    store: LandedStore
+    on_disk: OnDisk
+    buckets: list[int]
+    mine: DataFrame
+    spans: DataFrame | None = None
+    compacted: set[tuple[int, str]] = field(default_factory=set)  # for ``drop`` at the end
+
+    def all(self) -> DataFrame:
+        return self._with_mine(self.store.read(self.on_disk, self.buckets))
+
+    def on(self, days: list[tuple[int, str]]) -> DataFrame:
+        """The ranges of the (bucket, day) pairs ``days`` (and every one of the batch's)."""
+        return self._with_mine(self.store.read_days(self.on_disk, days))
+
+    def _with_mine(self, old: DataFrame | None) -> DataFrame:
+        return self.mine if old is None else old.unionByName(self.mine)

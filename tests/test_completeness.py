@@ -177,6 +177,41 @@ def test_a_batch_rewrites_only_the_days_of_the_table_it_changes(spark: Any, tmp_
         assert only_spark == 0 and only_duck == 0, (name, res)
 
 
+def test_a_batch_reads_of_landed_only_the_days_that_can_matter(
+    spark: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``landed`` is kept by day, with a span per stream and day (``landed_hull``), and a
+    batch reads only the days its judgement can come from: gw1/e1 landed 1..10 on the
+    17th, 11..20 on the 18th, 21..30 on the 19th and 41..50 on the 20th; a batch lands
+    36..40 on the 20th. Its last landed position below 36 is 30, the 19th's last, so it
+    reads the 19th and the 20th, never the 17th or the 18th; the hole left, 31..35, is
+    found (unreported: no ledger came; it needs the 19th's range that ends at 30), and
+    the tables are DuckDB's. Seen failing with the day that ends at that position left
+    out (the hole is lost)."""
+    from pubcomp.pipeline.landedstore import LandedStore
+
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    _land(landing, "a", _span_on(range(1, 11), 17, 10) + _span_on(range(11, 21), 18, 10)
+          + _span_on(range(21, 31), 19, 10) + _span_on(range(41, 51), 20, 12))  # fmt: skip
+    _run(spark, landing, wh)
+    read: list[str] = []
+    real = LandedStore.read_days
+
+    def spy(self: LandedStore, on_disk: Any, days: list[tuple[int, str]]) -> Any:
+        read.extend(d for _, d in days)
+        return real(self, on_disk, days)
+
+    monkeypatch.setattr(LandedStore, "read_days", spy)
+    _land(landing, "b", _span_on(range(36, 41), 20, 11))
+    _run(spark, landing, wh)
+    assert set(read) == {"2026-11-19", "2026-11-20"}, read
+    rows = spark.read.parquet(str(wh / "completeness_gaps")).collect()
+    assert {(r.lo, r.hi, r.reason) for r in rows} == {(31, 35, "unreported")}
+    res = ref.compare(ref.build(landing), wh)
+    for name, (_, only_spark, only_duck) in res.items():
+        assert only_spark == 0 and only_duck == 0, (name, res)
+
+
 def test_a_ledger_alone_judges_again_the_holes_it_can_change(spark: Any, tmp_path: Path) -> None:
     """A batch that lands nothing but a ledger changes old holes of its gateway's streams,
     which are judged again though no position of theirs landed: its latest ledger no
