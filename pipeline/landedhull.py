@@ -6,8 +6,11 @@ A row per stream and day is a twenty-fourth of ``landed``'s (a range per stream 
 hour). It is kept by bucket and generation (pipeline/generations.py): batch ``G``
 appends the spans of what it landed as generation ``G`` of its buckets *before* it
 appends the ranges to ``landed``, so the spans are never narrower than the ranges on
-disk (a killed batch may leave them wider: a day read for nothing, never one missed);
-a bucket with ``max_generations`` is compacted (spans of spans) when a batch next lands
+disk. They must not be wider either when a batch judges from them (a span's last
+position stands for a landed one: ``completedelta.floors``): a batch killed between
+the two leaves its spans without its ranges, and its replay (the same files, from the
+stream's offset log) lands the same ranges, which it reads with the spans; a
+bucket with ``max_generations`` is compacted (spans of spans) when a batch next lands
 in it. Spans of spans are the spans: a row read twice, or compacted in steps, changes
 nothing. Until ``_built`` is in it, the table is built from every range of ``landed``.
 """
