@@ -11,7 +11,8 @@ batch can change the judgement of:
 - the least position of the batch's ledger rows' ranges (a reason told);
 - for a gateway that sent a ledger (a new latest one): its held and unreported holes of
   before (the old held are held no more; an unreported position may now be told), and
-  its trailing hole (its hour is the latest ledger's window end);
+  the trailing holes of its streams told past their last landed position (a trailing
+  hole's hour is the latest ledger's window end: ``trailing``);
 
 and every hole below the last landed position before ``m`` (``a``) keeps its gap rows: its
 bounds, reasons and the part after it are unchanged. The positions above ``a`` are
@@ -101,25 +102,47 @@ def firsts(
     return broadcast_if_small(m), told_by
 
 
-def _least(rows: DataFrame, m: DataFrame, told_by: DataFrame | None) -> DataFrame:
+def trailing(told_by: DataFrame | None, state: DataFrame, spans: DataFrame) -> DataFrame | None:
+    """The streams whose trailing hole a gateway's new latest ledger moves to its window
+    end's hour (``gateway``, ``stream``, ``_new``; ``None``: no ledger): those of
+    ``told_by``'s gateways told (``state``, the batch's ledger rows compacted in) past
+    their last landed position (``spans``), or told and never landed. A stream landed
+    up to what it was told has no trailing hole, and a new ledger changes nothing of it
+    (a dead epoch, an old node boot: reading their last day at every ledger would grow
+    with the fleet's turnover)."""
+    if told_by is None:
+        return None
+    told = state.where(F.col("what") == "told").join(told_by, "gateway", "left_semi")
+    told = told.groupBy(*KEY).agg(F.max("hi").alias("_told"))
+    ends = (
+        spans.join(told.select(*KEY), KEY, "left_semi").groupBy(*KEY).agg(F.max("hi").alias("_end"))
+    )
+    past = told.join(ends, KEY, "left").where(
+        F.col("_end").isNull() | (F.col("_told") > F.col("_end"))
+    )
+    out = past.select(*KEY, F.lit(True).alias("_new")).localCheckpoint(eager=True)
+    return broadcast_if_small(out)
+
+
+def _least(rows: DataFrame, m: DataFrame, trailing: DataFrame | None) -> DataFrame:
     """``rows`` of the changed streams, with their first changed position ``_least``
-    (past every position for a stream whose gateway's new ledger is all it changed)."""
+    (past every position for a stream whose trailing hole is all a new ledger changed)."""
     joined = rows.join(m, KEY, "left")
     least = F.col("_m")
-    if told_by is not None:
-        joined = joined.join(told_by, "gateway", "left")
+    if trailing is not None:
+        joined = joined.join(trailing, KEY, "left")
         # (least skips nulls)
         least = F.least("_m", F.when(F.col("_new"), F.lit(_TOP).cast(LongType())))
     return joined.withColumn("_least", least).where(F.col("_least").isNotNull())
 
 
-def floors(spans: DataFrame, m: DataFrame, told_by: DataFrame | None) -> DataFrame:
+def floors(spans: DataFrame, m: DataFrame, trailing: DataFrame | None) -> DataFrame:
     """Per changed stream, the greatest position of its days whose every position is
     below its first changed one (``_floor``; null: no such day), from ``spans`` (a row
     per stream and day: pipeline/landedhull.py). Its ``a`` is at least that, and only
     the days reaching above it hold ranges its ``a`` and ``tail`` come from."""
     below = F.when(F.col("hi") < F.col("_least"), F.col("hi"))
-    return _least(spans, m, told_by).groupBy(*KEY).agg(F.max(below).alias("_floor"))
+    return _least(spans, m, trailing).groupBy(*KEY).agg(F.max(below).alias("_floor"))
 
 
 def reach_days(spans: DataFrame, floors: DataFrame) -> list[tuple[int, str]]:
@@ -145,24 +168,22 @@ def span_days(spans: DataFrame, on: DataFrame) -> list[tuple[int, str]]:
 def starts(
     rows: DataFrame,
     m: DataFrame,
-    told_by: DataFrame | None,
-    state: DataFrame,
+    trailing: DataFrame | None,
     floors: DataFrame | None = None,
 ) -> DataFrame:
     """Per stream the batch can change (``gateway``, ``stream``, ``a``): ``a`` the last
     landed position below its first changed one (``_BOTTOM``: none). ``rows``: the
     landed ranges of the buckets (the batch's too): every one, or (with ``floors``)
     those of the days ``reach_days`` names, the days below each stream's floor standing
-    for theirs; ``m``, ``told_by``: ``firsts``'."""
+    for theirs; ``m``: ``firsts``'; ``trailing``: ``trailing``'s."""
     below = F.when(F.col("lo") < F.col("_least"), F.least("hi", F.col("_least") - 1))
-    a = _least(rows, m, told_by).groupBy(*KEY).agg(F.max(below).alias("a"))
+    a = _least(rows, m, trailing).groupBy(*KEY).agg(F.max(below).alias("a"))
     if floors is not None:
         a = a.unionByName(floors.select(*KEY, F.col("_floor").alias("a")))
-    # Streams with nothing landed yet: told by a ledger, or the batch's first.
+    # Streams with nothing landed yet: the batch's first, or told by a ledger.
     bare = m.select(*KEY)
-    if told_by is not None:
-        told = state.where(F.col("what") == "told").join(told_by, "gateway", "left_semi")
-        bare = bare.unionByName(told.select(*KEY))
+    if trailing is not None:
+        bare = bare.unionByName(trailing.select(*KEY))
     none = F.lit(None).cast(LongType())
     out = a.unionByName(bare.select(*KEY, none.alias("a"))).groupBy(*KEY).agg(F.max("a").alias("a"))
     return out.select(*KEY, F.coalesce("a", F.lit(_BOTTOM).cast(LongType())).alias("a"))

@@ -274,9 +274,10 @@ class CompletenessTables:
         assert view.spans is not None
         old = self._old_gaps(buckets)
         m, told_by = D.firsts(change.ranges, change.ledger, old)
-        floors = D.floors(view.spans, m, told_by).localCheckpoint(eager=True)
+        trailing = D.trailing(told_by, state, view.spans)
+        floors = D.floors(view.spans, m, trailing).localCheckpoint(eager=True)
         rows = view.on(D.reach_days(view.spans, floors))
-        starts = D.starts(rows, m, told_by, state, floors).localCheckpoint(eager=True)
+        starts = D.starts(rows, m, trailing, floors).localCheckpoint(eager=True)
         # Materialised: the gaps read its parts, and the changed days its ranges (every
         # range holding a position the batch brings, or newly told skipped, is in it).
         reach = D.tail(rows, starts).localCheckpoint(eager=True)

@@ -218,14 +218,17 @@ def test_a_ledger_alone_judges_again_the_holes_it_can_change(spark: Any, tmp_pat
     longer holds 5..6 (held before: now unexplained), tells a top past the last landed
     seq (a new trailing hole, in the hour of its window end), names node n1's seqs up
     to 3 (its hole at 2, unreported before: now unexplained) and n2's up to 4 (it had
-    no hole: now 3..4 is one). Seen failing with the old held and unreported holes not
-    judged again. (Without its trailing holes a gateway's streams are judged whole:
+    no hole: now 3..4 is one); n3's trailing hole (told up to 4 by the first, landed to
+    2), which the second does not name, moves to the hour of its window end. Seen
+    failing with the old held and unreported holes not judged again, and with no
+    trailing hole judged again. (Without its trailing holes a gateway's streams are judged whole:
     right, and slow; the growth bench shows that.)"""
     landing, wh = tmp_path / "landing", tmp_path / "wh"
     first = {"v": 1, "window": [T.format(0), T.format(5)], "top": 10,
-             "streams": {"gw1/e1": {"held": [[5, 6]]}, "n2/0": {"stored": [[0, 2]]}}}  # fmt: skip
+             "streams": {"gw1/e1": {"held": [[5, 6]]}, "n2/0": {"stored": [[0, 2]]},
+                         "n3/0": {"stored": [[0, 4]]}}}  # fmt: skip
     nodes = [_reading(f"n1/0/{q}.0", "t", q + 1) for q in (0, 1, 3)]
-    nodes += [_reading(f"n2/0/{q}.0", "t", q + 1) for q in (0, 1, 2)]
+    nodes += [_reading(f"n{n}/0/{q}.0", "t", q + 1) for n in (2, 3) for q in (0, 1, 2)]
     ledger = _reading("gw1/e1/11", "$ledger", 5, None, record=first)
     _land(landing, "a", [*_span_on(range(1, 5), 20, 10), *_span_on(range(7, 11), 20, 10),
                          *nodes, ledger])  # fmt: skip
@@ -235,7 +238,8 @@ def test_a_ledger_alone_judges_again_the_holes_it_can_change(spark: Any, tmp_pat
         rows = spark.read.parquet(str(wh / "completeness_gaps")).collect()
         return {(r.stream, r.lo, r.hi, r.reason, r.hour.hour) for r in rows}
 
-    assert gaps() == {("gw1/e1", 5, 6, "held", 10), ("n1/0", 2, 2, "unreported", 10)}
+    assert gaps() == {("gw1/e1", 5, 6, "held", 10), ("n1/0", 2, 2, "unreported", 10),
+                      ("n3/0", 3, 4, "unexplained", 10)}  # fmt: skip
     second = {"v": 1, "window": ["2026-11-20T11:00:00.000Z", "2026-11-20T11:05:00.000Z"],
               "top": 14, "streams": {"gw1/e1": {}, "n1/0": {"stored": [[0, 3]]},
                                      "n2/0": {"stored": [[0, 4]]}}}  # fmt: skip
@@ -244,7 +248,8 @@ def test_a_ledger_alone_judges_again_the_holes_it_can_change(spark: Any, tmp_pat
     assert gaps() == {("gw1/e1", 5, 6, "unexplained", 10),
                       ("gw1/e1", 11, 14, "unexplained", 11),
                       ("n1/0", 2, 2, "unexplained", 10),
-                      ("n2/0", 3, 4, "unexplained", 11)}  # fmt: skip
+                      ("n2/0", 3, 4, "unexplained", 11),
+                      ("n3/0", 3, 4, "unexplained", 11)}  # fmt: skip
     res = ref.compare(ref.build(landing), wh)
     for name, (_, only_spark, only_duck) in res.items():
         assert only_spark == 0 and only_duck == 0, (name, res)
