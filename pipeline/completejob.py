@@ -40,7 +40,7 @@ from . import completeness as C
 from . import landedhull as H
 from .generations import Generations
 from .landedstore import LandedStore, OnDisk, View, by_day
-from .sparkenv import broadcast_if_small, delete_path, hadoop_path, path_exists
+from .sparkenv import broadcast_if_small, delete_path, path_exists, touch
 
 # Crash points (sync/faults.py): the batch's ledger state appended, or its landed ranges,
 # and the generations they replace not yet deleted (both are read back: compacting them
@@ -183,7 +183,7 @@ class CompletenessTables:
             state = C.ledger_state(ledger.drop("batch")).localCheckpoint(eager=True)
             written = {int(r[0]) for r in state.select("bucket").distinct().collect()}
             self._append_state(state, batch_id)
-        _touch(self.spark, f"{self.path(STATE)}/{BUILT}")
+        touch(self.spark, f"{self.path(STATE)}/{BUILT}")
         return state, written
 
     def _append_state(self, state: DataFrame, batch_id: int) -> None:
@@ -326,11 +326,11 @@ class CompletenessTables:
                 delete_path(spark, f"{at}/bucket={b}/day={d}")
         table = table.repartition("bucket", "day")
         table.write.mode("overwrite").partitionBy("bucket", "day").parquet(at)
-        _touch(spark, f"{at}/{BY_DAY}")
+        touch(spark, f"{at}/{BY_DAY}")
         crash_point("pipeline_completeness_written")
         # The next batch starts from these rows: while they are rewritten, ``_writing``
         # says they may be short (a killed write), and the next batch judges all again.
-        _touch(spark, f"{gaps_at}/{WRITING}")
+        touch(spark, f"{gaps_at}/{WRITING}")
         for b in buckets:
             delete_path(spark, f"{gaps_at}/bucket={b}")
         gaps.repartition("bucket").write.mode("overwrite").partitionBy("bucket").parquet(gaps_at)
@@ -344,8 +344,3 @@ class Change:
 
     ranges: DataFrame
     ledger: DataFrame | None
-
-
-def _touch(spark: SparkSession, path: str) -> None:
-    fs, p = hadoop_path(spark, path)
-    fs.create(p, True).close()

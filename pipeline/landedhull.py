@@ -23,7 +23,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from . import completeness as C
 from .generations import Generations
-from .sparkenv import hadoop_path, path_exists
+from .sparkenv import path_exists, touch
 
 HULL_SCHEMA = StructType(
     [
@@ -101,8 +101,7 @@ class LandedHull:
         written as generation ``batch_id``, then ``_built``."""
         every = spans(landed).localCheckpoint(eager=True)
         self.gens.write(every, batch_id, replay=False)
-        fs, p = hadoop_path(self.spark, f"{self.root}/{BUILT}")
-        fs.create(p, True).close()
+        touch(self.spark, f"{self.root}/{BUILT}")
         return every
 
     def drop(self, on_disk: dict[int, list[int]], compacted: set[int], keep: int) -> None:

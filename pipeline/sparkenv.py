@@ -33,6 +33,12 @@ def delete_path(spark: SparkSession, path: str) -> None:
     fs.delete(p, True)
 
 
+def touch(spark: SparkSession, path: str) -> None:
+    """An empty file at ``path`` (a marker), through Hadoop's file system."""
+    fs, p = hadoop_path(spark, path)
+    fs.create(p, True).close()
+
+
 def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """Hadoop's file system for ``path``, and the path as Hadoop's ``Path`` (py4j objects)."""
     jvm: Any = spark._jvm
