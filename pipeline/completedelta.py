@@ -189,30 +189,30 @@ def starts(
     return out.select(*KEY, F.coalesce("a", F.lit(_BOTTOM).cast(LongType())).alias("a"))
 
 
-def _keyed(starts: DataFrame) -> DataFrame:
-    return broadcast_if_small(starts)  # (``starts``' callers materialise it)
+# ``tail``, ``judged_again``, ``kept`` and ``their_state`` take ``starts`` materialised and
+# hinted once (``sparkenv.broadcast_if_small``): each is joined to rows of the buckets.
 
 
 def tail(rows: DataFrame, starts: DataFrame) -> DataFrame:
     """The ranges of the changed streams that reach above their ``a``."""
-    return rows.join(_keyed(starts), KEY).where(F.col("hi") >= F.col("a")).select(*C.LANDED_COLUMNS)
+    return rows.join(starts, KEY).where(F.col("hi") >= F.col("a")).select(*C.LANDED_COLUMNS)
 
 
 def judged_again(gaps: DataFrame, starts: DataFrame) -> DataFrame:
     """The gap rows of the changed streams above their ``a`` (of ``missing_ranges`` of a
     ``tail``: what it says below ``a`` is not the stream's)."""
-    return gaps.join(_keyed(starts), KEY).where(F.col("lo") > F.col("a")).drop("a")
+    return gaps.join(starts, KEY).where(F.col("lo") > F.col("a")).drop("a")
 
 
 def kept(old_gaps: DataFrame, starts: DataFrame) -> DataFrame:
     """The gap rows written before that the batch cannot change."""
-    a = old_gaps.join(_keyed(starts), KEY, "left")
+    a = old_gaps.join(starts, KEY, "left")
     return a.where(F.col("a").isNull() | (F.col("lo") < F.col("a"))).drop("a")
 
 
 def their_state(state: DataFrame, starts: DataFrame) -> DataFrame:
     """The ledgers' state of the changed streams, and every gateway's head."""
-    mine = state.join(_keyed(starts).select(*KEY), KEY, "left_semi")
+    mine = state.join(starts.select(*KEY), KEY, "left_semi")
     return mine.unionByName(state.where(F.col("what") == "head"))
 
 

@@ -212,21 +212,24 @@ class CompletenessTables:
         ``landed``, compacting what is due. What the batch reads of ``landed`` (with the
         spans of ``touched`` if ``spans``), and the buckets of ``landed_hull`` compacted."""
         mine = by_day(ranges).localCheckpoint(eager=True)
+        # Collected once: the hull's append and the store's need them, and each collect
+        # is a Spark job.
+        days = {(int(r[0]), str(r[1])) for r in mine.select("bucket", "day").distinct().collect()}
+        landed_in = {b for b, _ in days}
         my_spans = H.spans(mine.select(*C.LANDED_COLUMNS)).localCheckpoint(eager=True)
         if self.hull.built():
             # (the batch's buckets are among ``touched``; those it landed in must be, or
             # a compaction of one would write its spans without those on disk)
-            landed_in = {int(r[0]) for r in my_spans.select("bucket").distinct().collect()}
             every = self.hull.current(hull_gens, sorted(set(touched) | landed_in), my_spans)
             if spans:
                 every = every.localCheckpoint(eager=True)
-            hull_compacted = self.hull.append(my_spans, every, hull_gens, batch_id)
+            hull_compacted = self.hull.append(my_spans, every, hull_gens, landed_in, batch_id)
         else:  # built from every range on disk and the batch's
             old = self.landed.read(gens, sorted(gens))
             rows = mine.select(*C.LANDED_COLUMNS)
             every = self.hull.build(rows if old is None else old.unionByName(rows), batch_id)
             hull_compacted = set()
-        compacted = self.landed.append(mine, gens, batch_id)
+        compacted = self.landed.append(mine, days, gens, batch_id)
         view = View(
             self.landed,
             gens,
@@ -277,7 +280,7 @@ class CompletenessTables:
         trailing = D.trailing(told_by, state, view.spans)
         floors = D.floors(view.spans, m, trailing).localCheckpoint(eager=True)
         rows = view.on(D.reach_days(view.spans, floors))
-        starts = D.starts(rows, m, trailing, floors).localCheckpoint(eager=True)
+        starts = broadcast_if_small(D.starts(rows, m, trailing, floors).localCheckpoint(eager=True))
         # Materialised: the gaps read its parts, and the changed days its ranges (every
         # range holding a position the batch brings, or newly told skipped, is in it).
         reach = D.tail(rows, starts).localCheckpoint(eager=True)

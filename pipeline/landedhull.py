@@ -80,13 +80,17 @@ class LandedHull:
         return spans(every)
 
     def append(
-        self, mine: DataFrame, every: DataFrame, on_disk: dict[int, list[int]], batch_id: int
+        self,
+        mine: DataFrame,
+        every: DataFrame,
+        on_disk: dict[int, list[int]],
+        buckets: set[int],
+        batch_id: int,
     ) -> set[int]:
-        """Append ``mine`` (the batch's spans, with ``bucket``) as generation ``batch_id``
-        of their buckets, those with ``max_generations`` compacted (``every``: their
-        spans, ``current``'s). The buckets compacted (their older generations are for
-        ``drop`` after the batch)."""
-        buckets = {int(r[0]) for r in mine.select("bucket").distinct().collect()}
+        """Append ``mine`` (the batch's spans, with ``bucket``; ``buckets``: theirs) as
+        generation ``batch_id`` of their buckets, those with ``max_generations`` compacted
+        (``every``: their spans, ``current``'s). The buckets compacted (their older
+        generations are for ``drop`` after the batch)."""
         compact = {b for b in buckets if len(on_disk.get(b, [])) >= self.max_generations}
         out = mine
         if compact:

@@ -72,14 +72,14 @@ class LandedStore:
         paths = [self.path(b, d, g) for b, d in days for g in on_disk.get(b, {}).get(d, [])]
         return self._read(paths)
 
-    def append(self, mine: DataFrame, on_disk: OnDisk, batch_id: int) -> set[tuple[int, str]]:
-        """Append the batch's ranges (``mine``: with ``bucket`` and ``day``) as generation
-        ``batch_id``, each bucket's day that has ``max_generations`` compacted with them
-        (read again: a day's, not the bucket's history). The bucket days compacted
-        (their older generations are for ``drop`` after the batch)."""
-        landed_in = {
-            (int(r[0]), str(r[1])) for r in mine.select("bucket", "day").distinct().collect()
-        }
+    def append(
+        self, mine: DataFrame, landed_in: set[tuple[int, str]], on_disk: OnDisk, batch_id: int
+    ) -> set[tuple[int, str]]:
+        """Append the batch's ranges (``mine``: with ``bucket`` and ``day``; ``landed_in``:
+        their (bucket, day) pairs) as generation ``batch_id``, each bucket's day that has
+        ``max_generations`` compacted with them (read again: a day's, not the bucket's
+        history). The bucket days compacted (their older generations are for ``drop``
+        after the batch)."""
         limit = self.max_generations
         compact = {(b, d) for b, d in landed_in if len(on_disk.get(b, {}).get(d, [])) >= limit}
         out = mine
