@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from devkit import duckdb_reference as ref
 from devkit.fleetsim import FleetSpec, simulate
+from devkit.sparkconf import interpreted_env
 from pubcomp.pipeline.job import Pipeline
 
 T = "2026-11-20T10:{:02d}:00.000Z"
@@ -445,7 +446,6 @@ def test_a_batch_killed_at_each_of_its_points_converges(spark: Any, tmp_path: Pa
     One chain rather than a batch killed afresh at each point: each point is reached
     with what the kills before it left on disk, which is what a gateway's cloud sees
     when a VM is restarted more than once, and it runs the history batch once."""
-    import os
     import subprocess
 
     from devkit import hooked
@@ -464,7 +464,7 @@ def test_a_batch_killed_at_each_of_its_points_converges(spark: Any, tmp_path: Pa
     def killed_at(crash: str) -> None:
         cmd = hooked.command("pipeline", "run", "--landing", str(landing))
         cmd += ["--warehouse", str(wh), "--master", "local[1]"]
-        env = {**os.environ, "PUBCOMP_CRASH_AT": crash}
+        env = {**interpreted_env(), "PUBCOMP_CRASH_AT": crash}
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == -9, (crash, run.stderr[-2000:])
 

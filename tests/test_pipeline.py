@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pyspark.sql import functions as F
 
 from devkit import duckdb_reference as ref
 from devkit import hooked
+from devkit.sparkconf import interpreted_env
 from pubcomp.pipeline import job
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.synth import write_landing
@@ -345,7 +345,7 @@ def test_a_run_killed_mid_batch_converges_when_rerun(spark: Any, tmp_path: Path)
     write_landing(landing, 3_000, origins=2, sensors=4, seed=7)
     cmd = hooked.command("pipeline", "run", "--landing", str(landing))
     cmd += ["--warehouse", str(wh), "--master", "local[1]", "--driver-memory", "768m"]
-    env = {**os.environ, "PUBCOMP_CRASH_AT": "pipeline_readings_written"}
+    env = {**interpreted_env(), "PUBCOMP_CRASH_AT": "pipeline_readings_written"}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert list((wh / "readings").rglob("*.parquet")), "the kill came after readings were written"
@@ -389,7 +389,7 @@ def test_a_run_killed_while_displacing_copies_converges_when_rerun(
     _land(landing, "run2", _clockless_node_copies(list(range(0, 200, 4)), t0, gateway="gw-z"))
     cmd = hooked.command("pipeline", "run", "--landing", str(landing))
     cmd += ["--warehouse", str(wh), "--master", "local[1]"]
-    env = {**os.environ, "PUBCOMP_CRASH_AT": point}
+    env = {**interpreted_env(), "PUBCOMP_CRASH_AT": point}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert list((wh / "readings").glob("date=*/hour=10/batch=1/*.parquet")), "killed too early"
