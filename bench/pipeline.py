@@ -73,6 +73,17 @@ def plain_batch(spark, landing: Path, out: Path) -> float:  # type: ignore[no-un
     return time.monotonic() - t0
 
 
+def warm_up(spark, tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    """Warm the JVM up on a small sample, so neither contender pays for it: the plain
+    job, and the pipeline's first run and an increment (which reads the index and
+    joins: code the full run never runs, so the increment timed first paid for it)."""
+    write_landing(tmp / "warm", 20_000, seed=42)
+    plain_batch(spark, tmp / "warm", tmp / "warm-out")
+    Pipeline(spark, str(tmp / "warm"), str(tmp / "warm-wh")).run()
+    write_landing(tmp / "warm", 2_000, seed=42, id_offset=20_000, name="more")
+    Pipeline(spark, str(tmp / "warm"), str(tmp / "warm-wh")).run()
+
+
 class _LineCounter:
     """Landing lines so far, reading only what each file gained since the last call.
 
@@ -217,11 +228,8 @@ def fleet(args: argparse.Namespace) -> int:
         tmp = Path(d)
         spark = spark_session(args.master, "pubcomp-bench-fleet", args.driver_memory)
         spark.sparkContext.setLogLevel("ERROR")
-        write_landing(tmp / "warm", 20_000, seed=42)
-        plain_batch(spark, tmp / "warm", tmp / "warm-out")
-        Pipeline(spark, str(tmp / "warm"), str(tmp / "warm-wh")).run()
-        write_landing(tmp / "warm", 2_000, seed=42, id_offset=20_000, name="more")
-        Pipeline(spark, str(tmp / "warm"), str(tmp / "warm-wh")).run()
+        if args.warm_up:
+            warm_up(spark, tmp)
         for streams in _sizes(args.streams):
             gateways = max(1, streams // 10)
             small = gateways < 100  # a small fleet: a file per ingest per hour, not a minute
@@ -329,6 +337,12 @@ def main() -> int:
         default="4g",
         help="Spark's driver heap (local mode: every task's); 1g ran out at 10M of history",
     )
+    ap.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="skip the JVM's warm-up runs (the figures then include it: for smoke tests)",
+    )
     args = ap.parse_args()
     if args.fleet:
         args.increment = args.incremental
@@ -360,14 +374,8 @@ def main() -> int:
         print(f"generated {lines:,} landing lines in {time.monotonic() - t0:.0f} s", flush=True)
         spark = spark_session(args.master, "pubcomp-bench", args.driver_memory)
         spark.sparkContext.setLogLevel("ERROR")
-        # Warm the JVM up on a small sample, so neither contender pays for it: the plain
-        # job, and the pipeline's first run and an increment (which reads the index and
-        # joins: code the full run never runs, so the increment timed first paid for it).
-        write_landing(tmp / "warm", 20_000, seed=42)
-        plain_batch(spark, tmp / "warm", tmp / "warm-out")
-        Pipeline(spark, str(tmp / "warm"), str(tmp / "warm-wh")).run()
-        write_landing(tmp / "warm", 2_000, seed=42, id_offset=20_000, name="more")
-        Pipeline(spark, str(tmp / "warm"), str(tmp / "warm-wh")).run()
+        if args.warm_up:
+            warm_up(spark, tmp)
 
         plain_s = plain_batch(spark, landing, tmp / "plain")
         full = Pipeline(spark, str(landing), str(tmp / "wh")).run()

@@ -107,6 +107,7 @@ def test_pipeline_bench_runs_and_agrees_with_duckdb() -> None:
             "1000",
             "--master",
             "local[2]",
+            "--no-warm-up",  # (as many Spark jobs as the runs it checks, for no check)
         ],
         env=interpreted_env(),  # (its figures are not what it checks: make bench's are)
         capture_output=True,
