@@ -27,6 +27,10 @@ whatever H (``inc/first``: against the same fleet's increment over the smallest 
 ``inc/alone``, the stricter reading: against an empty warehouse); the pipeline at
 most 1.3x the plain batch job. ``--driver-memory`` (4g): local mode's tasks share
 the driver's heap, and Spark's 1g ran out landing 9M lines on a 1M warehouse.
+
+Both modes first warm the JVM up on a small sample; ``--no-warm-up`` skips that
+(tests/test_bench_smoke.py: it checks that the bench runs and agrees with DuckDB,
+and its figures then include the JVM's first runs).
 """
 
 from __future__ import annotations
