@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import email.parser
+import fcntl
 import os
 import shutil
 import subprocess
@@ -43,6 +44,7 @@ from devkit.checker import Checker
 from devkit.gateway_helpers import GatewayProc, PahoNode
 from devkit.node_helpers import wait_until
 from devkit.procs import track
+from devkit.sparkconf import short_jvm_env
 from pubcomp.pipeline.synth import write_landing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,11 +60,15 @@ def clean_env(venv: Path) -> dict[str, str]:
     return env
 
 
-def run(venv: Path, cwd: Path, *cmd: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(
+    venv: Path, cwd: Path, *cmd: str, timeout: float = 120, jvm: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``jvm``: the command starts a JVM for one small run (devkit/sparkconf.py)."""
+    env = clean_env(venv)
     return subprocess.run(
         [str(venv / "bin" / cmd[0]), *cmd[1:]],
         cwd=cwd,
-        env=clean_env(venv),
+        env=short_jvm_env(env) if jvm else env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -75,12 +81,17 @@ def run(venv: Path, cwd: Path, *cmd: str, timeout: float = 120) -> subprocess.Co
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    # The sdist is staged in the checkout itself (pubcomp-0.1.0/, the egg-info): two test
+    # workers building at once removed each other's files. One at a time, through a lock
+    # in the directory every worker's temporary folder is in.
+    with (tmp_path_factory.getbasetemp().parent / "wheel-build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run(
+            [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (whl,) = out.glob("pubcomp-*.whl")
     return whl
@@ -328,7 +339,7 @@ def test_pipeline_run_on_a_small_landing_set(cloud_venv: Path, away: Path) -> No
     lines = write_landing(landing, 200, origins=2, sensors=4, files=2, span_s=600, late_rate=0)
     done = run(
         cloud_venv, away, "pubcomp", "pipeline", "run", "--landing", "landing",
-        "--warehouse", "warehouse", "--master", "local[2]", timeout=280,
+        "--warehouse", "warehouse", "--master", "local[2]", timeout=280, jvm=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert f"{lines} readings in, {lines - 200} duplicates removed" in done.stdout, done.stdout
