@@ -41,6 +41,7 @@ from .demorig import SensorBench
 from .link import LinkProxy
 from .node import HostNode, node_config
 from .procs import stop
+from .sparkconf import SHORT_JVM
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "examples" / "demo-fleet.yaml"
@@ -228,7 +229,7 @@ class Demo:
         from pubcomp.pipeline.audit import delivered
         from pubcomp.pipeline.job import Pipeline, spark_session
 
-        spark = spark_session(app="pubcomp-demo")
+        spark = spark_session(app="pubcomp-demo", java_options=SHORT_JVM)  # one small run
         self.stack.callback(spark.stop)
         wh = self.out / "warehouse"
         summary = Pipeline(spark, str(self.out / "landing"), str(wh)).run()

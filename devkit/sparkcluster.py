@@ -25,6 +25,7 @@ from typing import IO, Any
 import pyspark
 
 from devkit.broker import free_port
+from devkit.sparkconf import SHORT_JVM, short_jvm_env
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 
@@ -32,9 +33,11 @@ SPARK_HOME = Path(pyspark.__file__).resolve().parent
 def cluster_env(root: Path) -> dict[str, str]:
     """The environment of the cluster's JVMs and of a driver talking to it: everything on
     loopback (this machine's host name resolves to an address executors may not reach),
-    the driver's Python on the executors too."""
+    the driver's Python on the executors too. Every JVM of it lives for a test's few
+    small runs (``sparkconf.SHORT_JVM``)."""
     return {
-        **os.environ,
+        **short_jvm_env(os.environ),
+        "SPARK_DAEMON_JAVA_OPTS": SHORT_JVM,
         "SPARK_HOME": str(SPARK_HOME),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOCAL_HOSTNAME": "127.0.0.1",

@@ -1,11 +1,24 @@
-"""Spark run interpreted, for tests: a test's batch is a few hundred rows in some seventy
-small queries, and compiling each query's generated code costs more than running it.
+"""Spark settings for tests and the demo: what costs a small run more than its work does.
+
+**Interpreted queries.** A test's batch is a few hundred rows in some seventy small
+queries, and compiling each query's generated code costs more than running it.
 Interpreted, the in-process completeness tests took 20-30 % less (three of them: 93-105 s
 against 116-143 s, alone on 2 cores). Spark's own suites run both modes for the same
 results. The tests' session and their killed runs take it, and the benchmark's smoke
 test (which checks that it runs and agrees, not its figures); the demo, the cluster
 test, the wheel's run and ``make bench`` keep the code-generated path every installed
-``pubcomp pipeline run`` takes."""
+``pubcomp pipeline run`` takes.
+
+**A JVM that lives for one small run** (``SHORT_JVM``): HotSpot's second compiler (C2)
+spends a fresh JVM's first minute compiling Spark's own code for runs that are over
+before it pays. Stopping at C1 costs no result, only the speed of a long run. Measured
+on the 2-core machine, machine-wide CPU seconds from ``/proc/stat``, alone, each
+against the same run without it (2026-12-01): a ``pubcomp pipeline run`` of 2,000
+readings in a fresh JVM 88-92 → 50-59 s; the two chained kill tests 672 → 516 s; the
+cluster test (master, worker, driver and executors) 424 → 210 s; the demo 172 → 114 s;
+the benchmark's smoke run 205 → 151 s. Not for the tests' session (one JVM per test
+worker for the whole suite: six pipeline tests in it took 286 s of wall time with C1
+only, 247 s without, for the same CPU), nor for ``make bench`` or an installed run."""
 
 from __future__ import annotations
 
@@ -17,9 +30,23 @@ INTERPRETED = {
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
 
+SHORT_JVM = "-XX:TieredStopAtLevel=1"
+
+
+def _submit_args(env: Mapping[str, str], *args: str) -> dict[str, str]:
+    given = env.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")  # (ends with the shell's name)
+    return {**env, "PYSPARK_SUBMIT_ARGS": " ".join([*args, given])}
+
+
+def short_jvm_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """``env`` for a process whose Spark JVMs (its driver, the executors it starts) live
+    for one small run."""
+    executors = f"spark.executor.extraJavaOptions={SHORT_JVM}"
+    return _submit_args(env, "--driver-java-options", SHORT_JVM, "--conf", executors)
+
 
 def interpreted_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """``env`` for a process whose Spark session (the first it starts) runs interpreted."""
-    confs = " ".join(f"--conf {k}={v}" for k, v in INTERPRETED.items())
-    given = env.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")  # (ends with the shell's name)
-    return {**env, "PYSPARK_SUBMIT_ARGS": f"{confs} {given}"}
+    """``env`` for a process whose Spark session (the first it starts) runs interpreted,
+    in a JVM that lives for one small run."""
+    confs = [a for k, v in INTERPRETED.items() for a in ("--conf", f"{k}={v}")]
+    return _submit_args(short_jvm_env(env), *confs)

@@ -48,17 +48,23 @@ def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
 
 
 def spark_session(
-    master: str | None = None, app: str = "pubcomp-pipeline", driver_memory: str | None = None
+    master: str | None = None,
+    app: str = "pubcomp-pipeline",
+    driver_memory: str | None = None,
+    java_options: str | None = None,
 ) -> SparkSession:
     """``driver_memory`` (e.g. ``4g``): the driver's heap, which in local mode is every
     task's too. Spark's 1 GB default runs out on a backlog of several million lines
-    landing on an existing warehouse. It sizes the JVM, so it counts only when this
-    process starts one (the first session)."""
+    landing on an existing warehouse. ``java_options``: the driver JVM's (the demo's
+    short run stops at the first compiler: devkit/sparkconf.py). Both shape the JVM, so
+    they count only when this process starts one (the first session)."""
     builder = SparkSession.builder.appName(app)
     if master:
         builder = builder.master(master)
     if driver_memory:
         builder = builder.config("spark.driver.memory", driver_memory)
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     return (
         builder.config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from devkit.sparkconf import short_jvm_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,7 +47,7 @@ def test_the_demo_loses_nothing_and_writes_its_report(tmp_path: Path) -> None:
     check = subprocess.run(
         [sys.executable, "-m", "pubcomp", "fleet", "completeness", "--warehouse",
          str(tmp_path / "demo-out" / "warehouse")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=short_jvm_env(),
     )  # fmt: skip
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
     assert "nothing unexplained" in check.stdout

@@ -20,6 +20,7 @@ from matplotlib import image as mpimg
 from matplotlib.patches import StepPatch
 
 from devkit import duckdb_reference as ref
+from devkit.sparkconf import short_jvm_env
 from pubcomp.pipeline import charts, report
 from pubcomp.pipeline import transforms as T
 from pubcomp.pipeline.job import Pipeline
@@ -120,7 +121,7 @@ def test_report_cli_on_an_empty_warehouse_says_so(tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     cmd = [sys.executable, "-m", "pubcomp", "pipeline", "report", "--warehouse"]
     cmd += [str(tmp_path / "wh"), "--out", str(out), "--master", "local[1]"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=short_jvm_env())
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"wrote .*r\.html: 0 origins", done.stdout)
     assert "holds no readings yet" in out.read_text()
