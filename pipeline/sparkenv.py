@@ -13,7 +13,6 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 SMALL = 2_000_000  # rows a join hint broadcasts (a checkpoint's size is not known to Spark)
 
 
@@ -71,8 +70,9 @@ def spark_session(
         # PySpark 4 records the Python call site of every column function for its error
         # messages: an inspected stack and five JVM round trips each. A batch builds
         # thousands of columns; off, F.col took 0.3 ms instead of 1.0 and six pipeline
-        # tests 215 s instead of 234 (2026-12-01). Errors still name the failing plan.
-        .config(DEBUGGING, "false")
+        # tests 215 s instead of 234 (2026-12-01). Errors still name the unresolved column
+        # and print the plan.
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.shuffle.partitions", "8")
