@@ -18,7 +18,17 @@ readings in a fresh JVM 88-92 → 50-59 s; the two chained kill tests 672 → 51
 cluster test (master, worker, driver and executors) 424 → 210 s; the demo 172 → 114 s;
 the benchmark's smoke run 205 → 151 s. Not for the tests' session (one JVM per test
 worker for the whole suite: six pipeline tests in it took 286 s of wall time with C1
-only, 247 s without, for the same CPU), nor for ``make bench`` or an installed run."""
+only, 247 s without, for the same CPU), nor for ``make bench`` or an installed run.
+
+**Fixed plans** (``FIXED_PLANS``: adaptive query execution off). The pipeline cuts its
+plans with some forty eager ``localCheckpoint`` calls; under AQE each of their shuffles
+runs as a job of its own and the rest of the query is planned again after it. Six
+in-process completeness tests in one session, alone on 2 cores, three pairs of runs
+(2026-12-01; the machine ran half again slower for the third): 227, 221, 363 s wall and
+369, 362, 592 CPU s with AQE; 207, 214, 330 s and 342, 347, 536 without (6-9 % less),
+tables unchanged (each test compares with DuckDB). The tests'
+session and their killed runs take it with ``INTERPRETED``; a cluster's run keeps AQE,
+which merges small reducers into fewer files."""
 
 from __future__ import annotations
 
@@ -29,6 +39,11 @@ INTERPRETED = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
+
+# Adaptive execution re-plans each query at every shuffle, and runs each shuffle of a
+# ``localCheckpoint`` as a job of its own: for a test's few hundred rows that planning
+# is the work (see above).
+FIXED_PLANS = {"spark.sql.adaptive.enabled": "false"}
 
 SHORT_JVM = "-XX:TieredStopAtLevel=1"
 
@@ -46,7 +61,7 @@ def short_jvm_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
 
 
 def interpreted_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """``env`` for a process whose Spark session (the first it starts) runs interpreted,
-    in a JVM that lives for one small run."""
-    confs = [a for k, v in INTERPRETED.items() for a in ("--conf", f"{k}={v}")]
+    """``env`` for a process whose Spark session (the first it starts) runs interpreted
+    with fixed plans, in a JVM that lives for one small run."""
+    confs = [a for k, v in {**INTERPRETED, **FIXED_PLANS}.items() for a in ("--conf", f"{k}={v}")]
     return _submit_args(short_jvm_env(env), *confs)
