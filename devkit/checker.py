@@ -108,6 +108,11 @@ class Checker:
         with self._lock:
             return collections.Counter(self.counts)
 
+    def count(self) -> int:
+        """Deliveries so far: what a waiting test watches for progress."""
+        with self._lock:
+            return sum(self.counts.values())
+
     def readings_seen(self, prefix: str = "") -> dict[str, tuple]:
         """What each reading id (starting with ``prefix``) carried: (sensor, ts, value)."""
         with self._lock:

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pubcomp.sync.store import Reading, Store
@@ -62,9 +64,13 @@ def run_uplink(
     marker: Path | None = None,
     timeout: float = 60,
     end_to_end: bool = False,
+    progress: Callable[[], object] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the uplink to the end (``--exit-when-drained``) or to its crash point; with
-    ``marker``, the crash point writes its name there before the kill."""
+    ``marker``, the crash point writes its name there before the kill. With ``progress``
+    (what an independent observer has seen so far, e.g. a checker's count), ``timeout``
+    is the longest the run may go without it changing: a drain of thousands takes as long
+    as the machine is busy, and a stalled one still fails."""
     env = dict(os.environ)
     env.pop("PUBCOMP_CRASH_AT", None)
     env.pop("PUBCOMP_CRASH_MARKER", None)
@@ -72,13 +78,26 @@ def run_uplink(
         env["PUBCOMP_CRASH_AT"] = crash_at
     if marker is not None:
         env["PUBCOMP_CRASH_MARKER"] = str(marker)
-    return subprocess.run(
-        uplink_cmd(store, url, "--exit-when-drained", *extra, end_to_end=end_to_end),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    cmd = uplink_cmd(store, url, "--exit-when-drained", *extra, end_to_end=end_to_end)
+    if progress is None:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        seen, since = progress(), time.monotonic()
+        while True:
+            try:
+                out, err = proc.communicate(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                now = progress()
+                if now != seen:
+                    seen, since = now, time.monotonic()
+                elif time.monotonic() - since > timeout:
+                    proc.kill()
+                    out, err = proc.communicate()
+                    raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def start_uplink(

@@ -83,7 +83,7 @@ def test_random_kills_20000_readings(tmp_path: Path, mosquitto: Mosquitto) -> No
                 proc.kill()
                 proc.wait()
             kills += 1
-        final = run_uplink(store, mosquitto.url, "--batch", "2")
+        final = run_uplink(store, mosquitto.url, "--batch", "2", progress=checker.count)
         assert final.returncode == 0, final.stderr
         counts = checker.wait_for(expected, 60)
     finally:
@@ -111,7 +111,9 @@ def test_sigterm_leaves_the_session_resumable(
         assert proc.returncode == 0, err
         first = json.loads(out.strip().splitlines()[-1])
         assert first["backlog"] > 0, "stopped too late to show a resume"
-        res = run_uplink(store, mosquitto.url, "--protocol", protocol, "--batch", "2")
+        res = run_uplink(
+            store, mosquitto.url, "--protocol", protocol, "--batch", "2", progress=checker.count
+        )
         assert res.returncode == 0, res.stderr
         counts = checker.wait_for(expected, 30)
     finally:
