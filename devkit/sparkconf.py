@@ -4,8 +4,9 @@
 queries, and compiling each query's generated code costs more than running it.
 Interpreted, the in-process completeness tests took 20-30 % less (three of them: 93-105 s
 against 116-143 s, alone on 2 cores). Spark's own suites run both modes for the same
-results. The tests' session and their killed runs take it, and the benchmark's smoke
-test (which checks that it runs and agrees, not its figures); the demo, the cluster
+results. The tests' session and their killed runs take it, and the two benchmark smoke
+tests that run Spark (they check that it runs and agrees, not its figures: with it,
+chaos_compare's 35-46 CPU s against 61-70 without, 2026-12-02); the demo, the cluster
 test, the wheel's run and ``make bench`` keep the code-generated path every installed
 ``pubcomp pipeline run`` takes.
 
@@ -26,9 +27,11 @@ runs as a job of its own and the rest of the query is planned again after it. Si
 in-process completeness tests in one session, alone on 2 cores, three pairs of runs
 (2026-12-01; the machine ran half again slower for the third): 227, 221, 363 s wall and
 369, 362, 592 CPU s with AQE; 207, 214, 330 s and 342, 347, 536 without (6-9 % less),
-tables unchanged (each test compares with DuckDB). The tests'
-session and their killed runs take it with ``INTERPRETED``; a cluster's run keeps AQE,
-which merges small reducers into fewer files."""
+tables unchanged (each test compares with DuckDB). Only the tests' session takes it
+(two shuffle partitions): a ``pubcomp pipeline run`` has eight, and AQE merges them into
+one task where fixed plans run all eight. The chained kill test, alone, its three runs
+with and without it (2026-12-02): 166 and 144 s wall, 246 and 213 CPU s fixed; 139 and
+138 s, 213 and 208 CPU s adaptive. A cluster's run keeps AQE too."""
 
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ def short_jvm_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
 
 
 def interpreted_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """``env`` for a process whose Spark session (the first it starts) runs interpreted
-    with fixed plans, in a JVM that lives for one small run."""
-    confs = [a for k, v in {**INTERPRETED, **FIXED_PLANS}.items() for a in ("--conf", f"{k}={v}")]
+    """``env`` for a process whose Spark session (the first it starts) runs interpreted,
+    in a JVM that lives for one small run."""
+    confs = [a for k, v in INTERPRETED.items() for a in ("--conf", f"{k}={v}")]
     return _submit_args(short_jvm_env(env), *confs)
