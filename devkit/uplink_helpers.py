@@ -84,20 +84,27 @@ def run_uplink(
     with subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
-        seen, since = progress(), time.monotonic()
-        while True:
-            try:
-                out, err = proc.communicate(timeout=1)
-                break
-            except subprocess.TimeoutExpired:
-                now = progress()
-                if now != seen:
-                    seen, since = now, time.monotonic()
-                elif time.monotonic() - since > timeout:
-                    proc.kill()
-                    out, err = proc.communicate()
-                    raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+        out, err = communicate_while(proc, progress, timeout)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def communicate_while(
+    proc: subprocess.Popen[str], progress: Callable[[], object], stall: float
+) -> tuple[str, str]:
+    """``proc.communicate()`` for as long as ``progress()`` keeps changing: killed, and
+    ``TimeoutExpired`` raised, only after ``stall`` seconds without a change."""
+    seen, since = progress(), time.monotonic()
+    while True:
+        try:
+            return proc.communicate(timeout=1)
+        except subprocess.TimeoutExpired:
+            now = progress()
+            if now != seen:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since > stall:
+                proc.kill()
+                out, err = proc.communicate()
+                raise subprocess.TimeoutExpired(proc.args, stall, out, err) from None
 
 
 def start_uplink(

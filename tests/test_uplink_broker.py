@@ -16,7 +16,14 @@ import pytest
 
 from devkit.broker import Mosquitto
 from devkit.checker import Checker, exactly_once_report
-from devkit.uplink_helpers import fill_store, run_uplink, start_uplink, store_states, summary
+from devkit.uplink_helpers import (
+    communicate_while,
+    fill_store,
+    run_uplink,
+    start_uplink,
+    store_states,
+    summary,
+)
 from pubcomp.sync.store import Store
 
 
@@ -73,7 +80,7 @@ def restart_broker_under_uplink(tmp_path: Path, broker: Mosquitto, protocol: str
         # SUBACK would reach nobody (on a loaded machine the uplink won that race).
         checker.wait_subscribed(after=subscribed, timeout=60)
         proc.send_signal(signal.SIGCONT)
-        _, err = proc.communicate(timeout=120)
+        _, err = communicate_while(proc, checker.count, 60)
         assert proc.returncode == 0, err
         counts = checker.wait_for(expected, 60)
     finally:
@@ -194,7 +201,8 @@ def test_connection_cut_at_random_bytes_exactly_once(
             protocol,
             "--batch",
             "5",
-            timeout=240,
+            timeout=120,
+            progress=checker.count,
         )
         assert res.returncode == 0, res.stderr[-3000:]
         counts = checker.wait_for(expected, 30)
