@@ -22,7 +22,10 @@ Tables (Parquet, dynamic partition overwrite, so a replayed batch rewrites only 
   below the first one the batch can change, and the days it changed written again
   (pipeline/completedelta.py); every stream and day when the batch cannot start from
   what was written (a first batch, the ledgers' state being built, a table written
-  before it was by day, a killed write of the gaps).
+  before it was by day, a killed write of the gaps), and every stream and day of the
+  touched buckets while they hold at most ``WHOLE_DAYS`` days of ``landed`` (a young
+  warehouse: the batch rewrites about the days it would anyway, without the small jobs
+  that find them).
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ BUILT = "_built"  # in ledger_state once it holds every ledger row of every batc
 BY_DAY = "_by_day"  # in completeness once it is kept by bucket and day
 GAPS = "completeness_gaps"
 WRITING = "_writing"  # in completeness_gaps while a batch rewrites them
+# A warehouse whose touched buckets hold at most this many days of ``landed`` judges
+# them whole (``CompletenessTables._young``); the Spark setting changes it (the tests set
+# 0, so that every batch but a warehouse's first takes the path that judges again).
+WHOLE_UP_TO_DAYS = "spark.pubcomp.completeness.wholeUpToDays"
+WHOLE_DAYS = 2
 
 
 class CompletenessTables:
@@ -84,10 +92,11 @@ class CompletenessTables:
         df = self.spark.read.schema(schema).parquet(self.path(table))  # type: ignore[arg-type]
         return df.where(F.col("batch") != batch_id)
 
-    def batch(self, parsed: DataFrame, batch_id: int, n_records: int, buckets: list[int]) -> None:
+    def batch(self, parsed: DataFrame, batch_id: int, n_records: int, buckets: list[int]) -> bool:
         """``parsed``: the batch's lines (``transforms.parse_landing``, cached by the job);
         ``n_records``: how many of them are good records; ``buckets``: the buckets of
-        their gateways (``completeness.bucket``)."""
+        their gateways (``completeness.bucket``). Whether it judged every stream of its
+        buckets whole."""
         new = self._records(parsed, batch_id) if n_records else None
         self.landed.convert()
         whole = self._whole()
@@ -96,6 +105,7 @@ class CompletenessTables:
         state, written = self._state(new, buckets, batch_id)
         touched = sorted(set(buckets) | written)
         gens, hull_gens = self.landed.on_disk(), self.hull.gens.on_disk()
+        whole = whole or self._young(gens, touched)
         view, hull_compacted = self._landed(
             C.landed_ranges(parsed), gens, hull_gens, touched, batch_id, not whole
         )
@@ -105,6 +115,15 @@ class CompletenessTables:
         self._drop_older_state(written, batch_id)
         self.landed.drop(gens, view.compacted, batch_id)
         self.hull.drop(hull_gens, hull_compacted, batch_id)
+        return whole
+
+    def _young(self, gens: OnDisk, touched: list[int]) -> bool:
+        """Whether ``landed`` holds so few days in ``touched`` (``WHOLE_UP_TO_DAYS``) that
+        judging their streams whole costs less than judging again only what the batch can
+        change: the batch writes about the days it would anyway (its own and the one
+        before), and spares the thirty small jobs that find them."""
+        limit = int(self.spark.conf.get(WHOLE_UP_TO_DAYS, None) or WHOLE_DAYS)
+        return max((len(gens.get(b, {})) for b in touched), default=0) <= limit
 
     def _whole(self) -> bool:
         """Whether the batch must judge every stream and write every day: the ledgers'

@@ -77,6 +77,9 @@ class RunSummary:
     )
     seconds: float = 0.0
     gateway_health: str = ""  # what the gateway_health update did (pipeline/health.py)
+    # Batches that judged completeness whole (every stream of their buckets), not again
+    # from what they could change (pipeline/completejob.py says when)
+    judged_whole: list[int] = field(default_factory=list)
 
     def line(self) -> str:
         p = self.partitions_rewritten
@@ -167,7 +170,8 @@ class Pipeline:
                 bad.write.mode("overwrite").partitionBy("batch").parquet(self.path("quarantine"))
             buckets = (sorted(int(b) for b in counts[4]), sorted(int(b) for b in counts[5]))
             self._readings(transforms.valid_readings(parsed, batch_id), n_good, buckets, batch_id)
-            self.complete.batch(parsed, batch_id, n_records, sorted(counts[6]))
+            if self.complete.batch(parsed, batch_id, n_records, sorted(counts[6])):
+                s.judged_whole.append(batch_id)
         finally:
             parsed.unpersist()
 

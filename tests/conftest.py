@@ -7,7 +7,7 @@ import hypothesis  # noqa: F401  # imported early: see the note below
 import pytest
 
 from devkit.broker import Mosquitto
-from devkit.sparkconf import FIXED_PLANS, INTERPRETED
+from devkit.sparkconf import FIXED_PLANS, INTERPRETED, JUDGE_AGAIN
 
 # Twice, with a fresh install, CPython 3.11.7 raised "SystemError: AST constructor
 # recursion depth mismatch" while pytest's assertion rewriter compiled a hypothesis
@@ -46,7 +46,7 @@ def spark() -> Iterator[object]:
 
     session = spark_session("local[2]", app="pubcomp-tests")
     session.conf.set("spark.sql.shuffle.partitions", "2")
-    for key, value in {**INTERPRETED, **FIXED_PLANS}.items():  # (devkit/sparkconf.py says why)
+    for key, value in {**INTERPRETED, **FIXED_PLANS, **JUDGE_AGAIN}.items():  # (sparkconf says why)
         session.conf.set(key, value)
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from devkit import duckdb_reference as ref
 from devkit.fleetsim import FleetSpec, simulate
-from devkit.sparkconf import interpreted_env
+from devkit.sparkconf import JUDGE_AGAIN, conf_env, interpreted_env
 from pubcomp.pipeline.job import Pipeline
 
 T = "2026-11-20T10:{:02d}:00.000Z"
@@ -176,6 +176,41 @@ def test_a_batch_rewrites_only_the_days_of_the_table_it_changes(spark: Any, tmp_
     res = ref.compare(ref.build(landing), wh)
     for name, (_, only_spark, only_duck) in res.items():
         assert only_spark == 0 and only_duck == 0, (name, res)
+
+
+@pytest.mark.timeout(600)
+def test_a_young_warehouse_is_judged_whole_and_an_older_one_only_where_a_batch_changes_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    """By default (``completejob.WHOLE_DAYS``: 2) a batch whose buckets hold two days of
+    ``landed`` or fewer judges their streams whole, and one over more judges again only
+    what it can change (``judged_whole`` in the run's summary says which): gw1/e1 lands
+    on the 18th and 19th (a first batch: whole), then on the 20th (two days on disk:
+    whole), then 36..40 on the 21st (three days: again, from the 20th), leaving 31..35
+    missing. The hole is found, and the tables are DuckDB's after each batch. Seen
+    failing with the limit exclusive (the second batch judged again)."""
+    from pubcomp.pipeline.completejob import WHOLE_DAYS, WHOLE_UP_TO_DAYS
+
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    batches = [
+        _span_on(range(1, 11), 18, 10) + _span_on(range(11, 21), 19, 10),
+        _span_on(range(21, 31), 20, 10),
+        _span_on(range(36, 41), 21, 10),
+    ]
+    spark.conf.set(WHOLE_UP_TO_DAYS, str(WHOLE_DAYS))
+    try:
+        whole = []
+        for k, lines in enumerate(batches):
+            _land(landing, f"b{k}", lines)
+            whole.append(_run(spark, landing, wh)["judged_whole"])
+            res = ref.compare(ref.build(landing), wh)
+            for name, (_, only_spark, only_duck) in res.items():
+                assert only_spark == 0 and only_duck == 0, (k, name, res)
+    finally:
+        spark.conf.set(WHOLE_UP_TO_DAYS, JUDGE_AGAIN[WHOLE_UP_TO_DAYS])
+    assert whole == [[0], [1], []], whole
+    rows = spark.read.parquet(str(wh / "completeness_gaps")).collect()
+    assert {(r.lo, r.hi, r.reason) for r in rows} == {(31, 35, "unreported")}
 
 
 def test_a_batch_reads_of_landed_only_the_days_that_can_matter(
@@ -464,7 +499,7 @@ def test_a_batch_killed_at_each_of_its_points_converges(spark: Any, tmp_path: Pa
     def killed_at(crash: str) -> None:
         cmd = hooked.command("pipeline", "run", "--landing", str(landing))
         cmd += ["--warehouse", str(wh), "--master", "local[1]"]
-        env = {**interpreted_env(), "PUBCOMP_CRASH_AT": crash}
+        env = {**conf_env(JUDGE_AGAIN, interpreted_env()), "PUBCOMP_CRASH_AT": crash}
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == -9, (crash, run.stderr[-2000:])
 

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from devkit import duckdb_reference as ref
 from devkit import hooked
-from devkit.sparkconf import interpreted_env
+from devkit.sparkconf import JUDGE_AGAIN, conf_env, interpreted_env
 from pubcomp.pipeline import job
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.synth import write_landing
@@ -345,7 +345,8 @@ def test_a_run_killed_mid_batch_converges_when_rerun(spark: Any, tmp_path: Path)
     write_landing(landing, 3_000, origins=2, sensors=4, seed=7)
     cmd = hooked.command("pipeline", "run", "--landing", str(landing))
     cmd += ["--warehouse", str(wh), "--master", "local[1]", "--driver-memory", "768m"]
-    env = {**interpreted_env(), "PUBCOMP_CRASH_AT": "pipeline_readings_written"}
+    env = conf_env(JUDGE_AGAIN, interpreted_env())
+    env["PUBCOMP_CRASH_AT"] = "pipeline_readings_written"
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert list((wh / "readings").rglob("*.parquet")), "the kill came after readings were written"
@@ -396,7 +397,7 @@ def test_a_run_killed_while_displacing_copies_converges_when_rerun(
         ("pipeline_readings_written", 200),
         ("pipeline_displaced_removed", 150),
     ):
-        env = {**interpreted_env(), "PUBCOMP_CRASH_AT": point}
+        env = {**conf_env(JUDGE_AGAIN, interpreted_env()), "PUBCOMP_CRASH_AT": point}
         killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert killed.returncode == -9, (point, killed.stderr[-2000:])
         assert list((wh / "readings").glob("date=*/hour=10/batch=1/*.parquet")), point
