@@ -49,7 +49,10 @@ from .sparkenv import broadcast_if_small, delete_path, path_exists, touch
 # and the generations they replace not yet deleted (both are read back: compacting them
 # again changes nothing).
 faults.register(
-    "pipeline_ledger_state_written", "pipeline_landed_written", "pipeline_completeness_written"
+    "pipeline_ledger_state_written",
+    "pipeline_landed_written",
+    "pipeline_completeness_cleared",
+    "pipeline_completeness_written",
 )
 
 TABLES = (
@@ -67,7 +70,8 @@ HULL = "landed_hull"
 BUILT = "_built"  # in ledger_state once it holds every ledger row of every batch before
 BY_DAY = "_by_day"  # in completeness once it is kept by bucket and day
 GAPS = "completeness_gaps"
-WRITING = "_writing"  # in completeness_gaps while a batch rewrites them
+# in completeness_gaps while a batch rewrites them (judging whole: and the table's days)
+WRITING = "_writing"
 # A warehouse whose touched buckets hold at most this many days of ``landed`` judges
 # them whole (``CompletenessTables._young``); the Spark setting changes it (the tests set
 # 0, so that every batch but a warehouse's first takes the path that judges again).
@@ -341,8 +345,13 @@ class CompletenessTables:
         # writes nothing): deleted first. Killed before the write, the replay finds the
         # same days (the gaps are the old ones) and writes them.
         if days is None:
+            # Every day of the buckets goes, so ``_writing`` comes first: a replay that
+            # judged again (the warehouse no longer young with the batch's own ranges
+            # on disk) would write back only the days it changes.
+            touch(spark, f"{gaps_at}/{WRITING}")
             for b in buckets:
                 delete_path(spark, f"{at}/bucket={b}")
+            crash_point("pipeline_completeness_cleared")
         else:
             for b, d in days:
                 delete_path(spark, f"{at}/bucket={b}/day={d}")

@@ -213,6 +213,50 @@ def test_a_young_warehouse_is_judged_whole_and_an_older_one_only_where_a_batch_c
     assert {(r.lo, r.hi, r.reason) for r in rows} == {(31, 35, "unreported")}
 
 
+@pytest.mark.timeout(600)
+def test_a_batch_killed_after_clearing_the_days_it_judges_whole_is_judged_whole_again(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A batch that judges whole deletes every day of its buckets' ``completeness``
+    before it writes them again. gw1/e1 landed on the 19th and 20th (two days: young);
+    a batch lands 21..30 on the 21st and is killed right after the deletes (crash point
+    ``pipeline_completeness_cleared``), its ranges already on disk: three days, so its
+    replay, by the same limit, would judge again and write back only the days it
+    changes. ``_writing``, touched before the deletes, makes it judge whole: every day
+    is back and the tables are DuckDB's. Seen failing with ``_writing`` touched after
+    the deletes (the replay judged again and wrote back only the 21st: the 19th's and
+    20th's rows lost)."""
+    import subprocess
+
+    from devkit import hooked
+    from pubcomp.pipeline.completejob import WHOLE_DAYS, WHOLE_UP_TO_DAYS
+
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    _land(landing, "a", _span_on(range(1, 11), 19, 10) + _span_on(range(11, 21), 20, 10))
+    _run(spark, landing, wh)
+    _land(landing, "b", _span_on(range(21, 31), 21, 10))
+    cmd = hooked.command("pipeline", "run", "--landing", str(landing))
+    cmd += ["--warehouse", str(wh), "--master", "local[1]"]
+    env = {**interpreted_env(), "PUBCOMP_CRASH_AT": "pipeline_completeness_cleared"}
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == -9, run.stderr[-2000:]
+    assert not list((wh / "completeness").glob("bucket=*/day=*")), "the days not cleared"
+    assert (wh / "completeness_gaps" / "_writing").exists()
+    spark.conf.set(WHOLE_UP_TO_DAYS, str(WHOLE_DAYS))
+    try:
+        s = _run(spark, landing, wh)  # replays the batch
+    finally:
+        spark.conf.set(WHOLE_UP_TO_DAYS, JUDGE_AGAIN[WHOLE_UP_TO_DAYS])
+    assert s["batches"] == [1], s
+    assert {d.name for d in (wh / "completeness").glob("bucket=*/day=*")} == {
+        f"day=2026-11-{d}" for d in (19, 20, 21)
+    }
+    res = ref.compare(ref.build(landing), wh)
+    for name, (_, only_spark, only_duck) in res.items():
+        assert only_spark == 0 and only_duck == 0, (name, res)
+    assert s["judged_whole"] == [1], s
+
+
 def test_a_batch_reads_of_landed_only_the_days_that_can_matter(
     spark: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
