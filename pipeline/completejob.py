@@ -133,7 +133,8 @@ class CompletenessTables:
         """Whether the batch must judge every stream and write every day: the ledgers'
         state is not built yet (it is built from every ledger: any reason may be new),
         ``completeness`` is not by day yet (or not there), or a write of the gaps (the
-        rows the next batch starts from) was killed."""
+        rows the next batch starts from) was killed, or a batch judging whole was killed
+        after it deleted its buckets' days."""
         table, spark = self.path("completeness"), self.spark
         return (
             not path_exists(spark, f"{self.path(STATE)}/{BUILT}")
