@@ -391,7 +391,7 @@ class Gateway:
             await asyncio.wait_for(asyncio.shield(self._probe), timeout)
             self._store_ok, self._store_error = True, None
         except TimeoutError:
-            self._store_ok, self._store_error = False, f"store probe took over {timeout:.0f} s"
+            self._store_ok, self._store_error = False, f"store probe took over {timeout:g} s"
         except Exception as exc:
             self._store_ok, self._store_error = False, f"store probe failed: {exc}"
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,29 +36,44 @@ def test_a_dead_chore_makes_the_gateway_unhealthy_logged_with_its_traceback(
             "health": {"port": 0},
         }
     )
-    notifier = Notifier({"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "200000"})
+    # A watchdog ping every 0.5 s, and the store probe's limit the same: on a busy machine
+    # a probe that waits behind a commit's fsync for longer makes its own (true) problem,
+    # which is not what this test is about, so it is named apart below.
+    notifier = Notifier({"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "1000000"})
     seen: dict[str, object] = {}
+    chore_died = "prune chore died: RuntimeError: prune broke"
+
+    async def until(check: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not check():
+            assert time.monotonic() < deadline, f"waited 30 s for {what}"
+            await asyncio.sleep(0.02)
 
     async def main() -> int:
         gw = service.Gateway(cfg, notifier=notifier)
+        release = asyncio.Event()
 
         async def broken_prune() -> None:
-            await asyncio.sleep(0.3)
+            await release.wait()
             raise RuntimeError("prune broke")
 
         gw._prune_loop = broken_prune  # type: ignore[method-assign]  # the chore, made to fail
         stop = asyncio.Event()
         run = asyncio.create_task(gw.run(stop))
-        await asyncio.sleep(0.2)
-        seen["before"] = gw.healthy()
-        for _ in range(50):
-            await asyncio.sleep(0.1)
-            if not gw.healthy()[0]:
-                break
-        seen["after"] = gw.healthy()
-        await asyncio.sleep(0.5)  # a watchdog round or two
-        stop.set()
-        return await run
+        try:  # stopped the way systemd stops it, also when a wait below gives up
+            await until(lambda: gw.healthy()[0], "a healthy gateway")
+            seen["before"] = gw.healthy()
+            release.set()
+            await until(lambda: chore_died in gw.healthy()[1], "the dead chore in healthy()")
+            seen["after"] = gw.healthy()
+            await until(
+                lambda: any("UNHEALTHY: " in f.get("STATUS", "") for _, f in ns.got),
+                "an UNHEALTHY status to systemd",
+            )
+        finally:
+            stop.set()
+            code = await run
+        return code
 
     try:
         with caplog.at_level(logging.ERROR, logger="pubcomp.gateway.service"):
@@ -66,8 +83,8 @@ def test_a_dead_chore_makes_the_gateway_unhealthy_logged_with_its_traceback(
         ns.close()
     assert seen["before"] == (True, [])
     ok, why = seen["after"]  # type: ignore[misc]
-    assert not ok and why == ["prune chore died: RuntimeError: prune broke"]
+    assert not ok and [w for w in why if not w.startswith("store probe")] == [chore_died]
     died = [r for r in caplog.records if "chore prune died" in r.getMessage()]
     assert len(died) == 1 and died[0].exc_info is not None  # once, with its traceback
     statuses = [f["STATUS"] for _, f in ns.got if "STATUS" in f]
-    assert any(s.startswith("UNHEALTHY: prune chore died") for s in statuses), statuses
+    assert any(s.startswith("UNHEALTHY: ") and chore_died in s for s in statuses), statuses
