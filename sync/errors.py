@@ -70,6 +70,12 @@ class StoreFull(StoreError):
     """The quota (or the disk) is full and the policy refuses new readings."""
 
 
+class CommitStopped(StoreError):
+    """The group commit's loop ended (cancelled) before this op's COMMIT returned: it may
+    or may not be on disk, so it is not acknowledged; a producer sends it again, and the
+    store's keys keep the copy out."""
+
+
 class CorruptStore(StoreError):
     """The store's file fails to open or its integrity check: it is moved aside."""
 

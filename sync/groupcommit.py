@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import StoreFull, StoreUnwritable
+from .errors import CommitStopped, StoreFull, StoreUnwritable
 from .store import DbOp, Store
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ class GroupCommit:
         self._wake = asyncio.Event()
         self._closed = False
         self._running = False
+        self._ended = False  # the loop is gone (cancelled, or closed and done)
+        self._committing: list[_Op] = []  # the group in the worker thread
         # How many producers waited together in recent groups: once that many are
         # waiting again, the group is as full as it gets and need not wait its delay.
         self._recent_peers: collections.deque[int] = collections.deque(maxlen=16)
@@ -164,6 +166,8 @@ class GroupCommit:
     def _queue(self, op: _Op) -> None:
         if self._closed and not self._running:
             raise RuntimeError("group commit is closed")
+        if self._ended:  # nobody would ever commit it, and its waiter would wait forever
+            raise CommitStopped("the group commit has stopped: nothing more is committed")
         self._pending.append(op)
         if op.claims:
             self._claims[op.claims] += 1
@@ -193,6 +197,20 @@ class GroupCommit:
                     return
         finally:
             self._running = False
+            self._ended = True
+            self._fail_waiters()
+
+    def _fail_waiters(self) -> None:
+        """A cancelled loop leaves ops queued, and maybe a group whose COMMIT it stopped
+        waiting for: their waiters hear so now (else they, and a gateway's stop that
+        awaits one, would wait forever). Not acknowledged, whether or not it is on disk."""
+        left = [*self._committing, *self._pending]
+        self._committing, self._pending = [], collections.deque()
+        for op in left:
+            if op.done is not None and not op.done.done():
+                op.done.set_exception(
+                    CommitStopped("the group commit stopped before this op's COMMIT returned")
+                )
 
     def close(self) -> None:
         """Finish: ``run`` commits everything queued so far, then returns (it is not
@@ -243,6 +261,7 @@ class GroupCommit:
         self._peers_pending -= peers  # Counter subtraction drops producers left at zero
         if peers:
             self._recent_peers.append(len(peers))
+        self._committing = group
         try:
             outcomes = await asyncio.to_thread(self._commit, group)
         except Exception as exc:  # the COMMIT failed: nothing in the group is durable
@@ -256,6 +275,7 @@ class GroupCommit:
             self.stats.commits += 1
             self.stats.last_error = None
             self.store.notify()
+        self._committing = []  # (not on a cancel: the loop's end tells these waiters)
         self._unacked -= peers  # (the window of a producer stays: nodes are few and named)
         claims = collections.Counter(op.claims for op in group if op.claims)
         if claims:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,3 +90,42 @@ def test_a_dead_chore_makes_the_gateway_unhealthy_logged_with_its_traceback(
     assert len(died) == 1 and died[0].exc_info is not None  # once, with its traceback
     statuses = [f["STATUS"] for _, f in ns.got if "STATUS" in f]
     assert any(s.startswith("UNHEALTHY: ") and chore_died in s for s in statuses), statuses
+
+
+def test_a_cancelled_gateway_still_stops(tmp_path: Path) -> None:
+    """``asyncio.run`` ending (an exception in an embedding program, a test that gave up)
+    cancels every task at once: the commit loop with the rest. The gateway's stop then
+    asked the dead loop for its last $ledger record and waited for it forever."""
+    cfg = GatewayConfig.model_validate(
+        {
+            "id": "gw-cancelled",
+            "fleet": "t",
+            "uplink": {"broker": "mqtt://127.0.0.1:9"},
+            "store": {"path": str(tmp_path / "gw.db")},
+            "health": {"port": 0},
+        }
+    )
+    gw = service.Gateway(cfg, notifier=Notifier({}))
+
+    async def main() -> None:
+        run = asyncio.create_task(gw.run(asyncio.Event()))
+        deadline = time.monotonic() + 30
+        while not gw.ready:
+            assert not run.done() and time.monotonic() < deadline, "the gateway never came up"
+            await asyncio.sleep(0.02)
+        raise RuntimeError("the program gives up")  # asyncio.run cancels ``run`` and the rest
+
+    def ended() -> None:
+        with pytest.raises(RuntimeError, match="gives up"):
+            asyncio.run(main())
+
+    stopper = threading.Thread(target=ended, daemon=True)
+    stopper.start()
+    stopper.join(60)
+    assert not stopper.is_alive(), "the cancelled gateway did not stop within 60 s"
+    # The stop ran to its end: the store is closed, and what it committed is readable.
+    db = sqlite3.connect(tmp_path / "gw.db")
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        db.close()

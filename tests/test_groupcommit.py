@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -414,3 +415,33 @@ def test_readings_an_op_claims_are_not_dropped_by_an_op_ahead_of_it(tmp_path: Pa
         assert s.counters()["dropped_quota"] >= 64
         assert len(s.readings_between(1, 100)) == 100  # the claimed message is whole
         assert s.readings_between(101, 200) == []  # the newer waiting row went instead
+
+
+def test_a_cancelled_loop_fails_its_waiters_and_refuses_more(tmp_path: Path) -> None:
+    """Cancelled (as ``asyncio.run`` cancels what is left at its end), the loop tells the
+    waiters of the group it stopped waiting for and of the ops still queued that their op
+    is not acknowledged: before, they, and a gateway's stop that awaited one, hung."""
+    from pubcomp.sync.errors import CommitStopped
+
+    async def main(s: Store) -> list[str]:
+        gc, task = await running(s, commit_delay=0.0)
+        started, release = threading.Event(), threading.Event()
+
+        def slow(db: sqlite3.Connection) -> None:
+            started.set()
+            release.wait(30)
+
+        in_flight = gc.submit(slow)
+        await asyncio.to_thread(started.wait, 30)
+        queued = gc.submit(lambda db: None)
+        task.cancel()
+        told = await asyncio.wait_for(
+            asyncio.gather(in_flight, queued, return_exceptions=True), timeout=30
+        )
+        release.set()
+        with pytest.raises(CommitStopped):
+            gc.submit(lambda db: None)
+        return [type(t).__name__ for t in told]
+
+    with Store(tmp_path / "s.db", gateway_id="gw") as s:
+        assert asyncio.run(main(s)) == ["CommitStopped", "CommitStopped"]
