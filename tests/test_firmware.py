@@ -180,7 +180,9 @@ def test_deep_sleep_carries_unsent_readings_across_sleeps(
         deep_sleep=True,
         interval_s=0.1,
         spill={"mode": "overflow"},
-        gateway={"timeout_s": 1},
+        # A socket's limit, not the wake's: a refused connect (the gateway down) is quick
+        # anyway, and a busy machine's first CONNACK (a scrypt check) may take over 1 s.
+        gateway={"timeout_s": 10},
     )
     node = NodeProc(tmp_path / "flash", cfg)
     try:

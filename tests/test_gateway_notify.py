@@ -76,6 +76,9 @@ def test_ready_status_watchdog_withheld_while_the_store_is_locked_and_stopping(
         db = sqlite3.connect(gw.db, isolation_level=None)
         db.execute("BEGIN EXCLUSIVE")
         locked = time.monotonic()
+        # Queued after every status sent before the lock: a probe that was merely slow
+        # before it (behind an fsync on a busy machine) says UNHEALTHY too, and pings again.
+        ns.mark("LOCKED=1")
 
         def unhealthy_since(t: float) -> list[float]:
             return [
@@ -98,8 +101,11 @@ def test_ready_status_watchdog_withheld_while_the_store_is_locked_and_stopping(
         # By the order the socket queued them (not by clock): after UNHEALTHY, no WATCHDOG
         # until the lock was released (a ping sent before it was queued before it).
         got = [f for _, f in list(ns.got)]
+        locked_i = next(i for i, f in enumerate(got) if "LOCKED" in f)
         first_bad = next(
-            i for i, f in enumerate(got) if f.get("STATUS", "").startswith("UNHEALTHY: store probe")
+            i
+            for i, f in enumerate(got)
+            if i > locked_i and f.get("STATUS", "").startswith("UNHEALTHY: store probe")
         )
         releasing = next(i for i, f in enumerate(got) if "RELEASING" in f)
         assert [f for f in got[first_bad:releasing] if "WATCHDOG" in f] == []
