@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Sequence
 
 import pytest
@@ -59,6 +58,21 @@ class Scripted:
         return True
 
 
+class SimClock:
+    """The rollout's clock, moved only by its pump: its limits (0.3 s here) are counted
+    in pumps, not in the wall time a busy machine takes between them."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(0)
+        self.t += seconds
+
+
 def _fleet(online: dict[str, bool]) -> FleetSeen:
     f = FleetSeen({})
     for g, up in online.items():
@@ -76,16 +90,19 @@ def _run(
     **rules: float,
 ) -> ro.Result:
     lines: list[str] = []
+    now = SimClock()
 
     async def pump(timeout: float) -> None:
         # Each online gateway's status comes on (silence would fail a committed one).
-        await asyncio.sleep(min(timeout, 0.01))
+        await now.sleep(min(timeout, 0.01))
         for s in fleet.gateways.values():
             if s.online:
-                s.history.append((time.monotonic(), 0, rate_after))
+                s.history.append((now(), 0, rate_after))
 
     r = ro.Rules(**{"timeout_s": 0.3, "settle_s": 0.0, "revert_timeout_s": 0.3, **rules})  # type: ignore[arg-type]
-    return asyncio.run(ro.roll_out(subject, waves, fleet, pump, r, lines.append, canary=True))
+    return asyncio.run(
+        ro.roll_out(subject, waves, fleet, pump, r, lines.append, canary=True, clock=now)
+    )
 
 
 def test_a_gateway_that_says_nothing_fails_its_wave_and_the_updated_ones_are_reverted() -> None:
@@ -123,13 +140,14 @@ def test_a_drop_in_readings_after_the_commit_fails_the_gate() -> None:
 def test_a_committed_gateway_that_then_says_nothing_fails_by_the_timeout() -> None:
     fleet = _fleet({"a": True})
     lines: list[str] = []
+    now = SimClock()
 
     async def silent(timeout: float) -> None:
-        await asyncio.sleep(min(timeout, 0.01))
+        await now.sleep(min(timeout, 0.01))
 
     r = ro.Rules(timeout_s=0.3, settle_s=0.0, revert_timeout_s=0.1)
     subject = Scripted({"a": "committed"})
-    result = asyncio.run(ro.roll_out(subject, [["a"]], fleet, silent, r, lines.append))
+    result = asyncio.run(ro.roll_out(subject, [["a"]], fleet, silent, r, lines.append, clock=now))
     assert result.tracks["a"].state == "timeout" and not result.complete
 
 

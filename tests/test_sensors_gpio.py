@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gpiozero.pins.mock as gpiozero_mock
 import pytest
 from gpiozero.pins.mock import MockFactory
 
 from pubcomp.sensors.digital import DigitalInput
-from pubcomp.sensors.pins import GPIOUnavailable, detect, make_factory
+from pubcomp.sensors.pins import GPIOUnavailable, detect, make_factory, rpigpio
 from pubcomp.sensors.pins.rpigpio import RPiGPIOFactory
 from pubcomp.sensors.pins.simulated import SimulatedFactory
 from pubcomp.sensors.pins.zero import GpiozeroFactory
@@ -22,26 +22,43 @@ from pubcomp.sensors.pulse import PulseCounter
 from tests.sensor_helpers import ListSink
 
 
-def bounce_pulse(set_level: Callable[[bool], None], bounces: int = 10) -> None:
+class Ticks:
+    """The edges' clock, moved by the test: a burst of bounces stays inside the debounce
+    window however long a busy machine pauses between two of its edges."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def wait(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def bounce_pulse(set_level: Callable[[bool], None], ticks: Ticks, bounces: int = 10) -> None:
     """One press of an active-low contact whose closing bounces ``bounces`` times,
     all well inside a few milliseconds."""
     for _ in range(bounces):
         set_level(False)
         set_level(True)
     set_level(False)
-    time.sleep(0.004)
+    ticks.wait(0.004)
     set_level(True)
 
 
-def test_pulse_counter_debounces_bursts_gpiozero_mock() -> None:
+def test_pulse_counter_debounces_bursts_gpiozero_mock(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = Ticks()
+    # gpiozero's mock pins stamp an edge by their module's monotonic(): that alone is replaced.
+    monkeypatch.setattr(gpiozero_mock, "monotonic", ticks)
     mock = MockFactory()
     factory = GpiozeroFactory(pin_factory=mock)
     pin = factory.input(17, pull="up")
     counter = PulseCounter("rain", pin, scale=0.2794, unit="mm", debounce_s=0.02)
     mp = mock.pin(17)
     for _ in range(5):
-        bounce_pulse(lambda lv: mp.drive_high() if lv else mp.drive_low())
-        time.sleep(0.03)  # the next press comes after the debounce window
+        bounce_pulse(lambda lv: mp.drive_high() if lv else mp.drive_low(), ticks)
+        ticks.wait(0.03)  # the next press comes after the debounce window
     assert counter.take() == 5
     assert counter.counters["bounces_ignored"] >= 5 * 10
     factory.close()
@@ -134,15 +151,18 @@ class FakeGPIO(types.ModuleType):
                 self.callbacks[pin](pin)
 
 
-def test_pulse_counter_on_rpigpio_backend() -> None:
+def test_pulse_counter_on_rpigpio_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = Ticks()
+    # The backend stamps an edge by time.monotonic(): that module's alone is replaced.
+    monkeypatch.setattr(rpigpio, "time", types.SimpleNamespace(monotonic=ticks))
     gpio = FakeGPIO()
     factory = RPiGPIOFactory(gpio_module=gpio)
     pin = factory.input(27, "up")
     assert ("setup", 27, gpio.PUD_UP) in gpio.calls
     counter = PulseCounter("rain", pin, debounce_s=0.02)
     for _ in range(3):
-        bounce_pulse(lambda lv: gpio.set_level(27, lv))
-        time.sleep(0.03)
+        bounce_pulse(lambda lv: gpio.set_level(27, lv), ticks)
+        ticks.wait(0.03)
     assert counter.take() == 3
     factory.close()
     assert ("cleanup", 27) in gpio.calls and 27 not in gpio.callbacks
