@@ -6,10 +6,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from devkit import sparkprofile
+from devkit import sparkprofile, sparktrace
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,3 +51,31 @@ def test_each_execution_names_the_table_it_writes_and_the_tables_it_reads(tmp_pa
     assert all(r.end_ms is not None and r.seconds >= 0 for r in runs)
     table = sparkprofile.report(runs)
     assert "second" in table and "first" in table
+
+
+def _count_twice(df: Any) -> int:
+    return int(df.count()) + len(df.collect())
+
+
+def test_the_tracer_charges_each_action_to_the_line_that_asked_for_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    original = DataFrame.count
+    df = spark.range(100)
+    with sparktrace.trace() as calls:
+        assert _count_twice(df) == 200
+        df.write.parquet(str(tmp_path / "out"))
+    assert DataFrame.count is original  # put back
+    df.count()  # after the block: not recorded
+    sites = {(c.action, c.site.split(":")[0], c.site.split(" ")[-1]) for c in calls}
+    assert sites == {
+        ("count", "tests/test_sparkprofile.py", "_count_twice"),
+        ("collect", "tests/test_sparkprofile.py", "_count_twice"),
+        ("parquet", "tests/test_sparkprofile.py", sys._getframe().f_code.co_name),
+    }, calls
+    assert all(c.seconds >= 0 for c in calls)
+    table = sparktrace.report(calls)
+    assert "_count_twice" in table and table.splitlines()[-1].startswith("total ")
+    assert table.splitlines()[-1].endswith("over 3 calls")
