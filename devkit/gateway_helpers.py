@@ -15,6 +15,7 @@ from typing import Any, Self
 import paho.mqtt.client as mqtt
 import yaml
 
+from pubcomp.gateway.config import GatewayConfig
 from pubcomp.gateway.credentials import hash_password
 from pubcomp.gateway.status import fetch as fetch_status
 from pubcomp.sync.wire import wire_time
@@ -22,6 +23,21 @@ from pubcomp.sync.wire import wire_time
 from . import hooked
 from .broker import free_port
 from .procs import track
+
+
+def offline_config(tmp: Path, gid: str, **extra: Any) -> GatewayConfig:
+    """An in-process gateway's config whose uplink points where nothing listens (port 9):
+    every reading waits in its store (``tmp/gw.db``), and its health port is any free one."""
+    return GatewayConfig.model_validate(
+        {
+            "id": gid,
+            "fleet": "t",
+            "uplink": {"broker": "mqtt://127.0.0.1:9"},
+            "store": {"path": str(tmp / "gw.db")},
+            "health": {"port": 0},
+            **extra,
+        }
+    )
 
 
 class GatewayProc:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from devkit.gateway_helpers import offline_config
 from pubcomp.gateway import service
-from pubcomp.gateway.config import GatewayConfig
 from pubcomp.gateway.notify import Notifier
 from tests.test_gateway_notify import NotifySocket
 
@@ -29,15 +29,7 @@ def test_a_dead_chore_makes_the_gateway_unhealthy_logged_with_its_traceback(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     ns = NotifySocket(tmp_path / "notify.sock")
-    cfg = GatewayConfig.model_validate(
-        {
-            "id": "gw-chores",
-            "fleet": "t",
-            "uplink": {"broker": "mqtt://127.0.0.1:9"},
-            "store": {"path": str(tmp_path / "gw.db")},
-            "health": {"port": 0},
-        }
-    )
+    cfg = offline_config(tmp_path, "gw-chores")
     # A watchdog ping every 0.5 s, and the store probe's limit the same: on a busy machine
     # a probe that waits behind a commit's fsync for longer makes its own (true) problem,
     # which is not what this test is about, so it is named apart below.
@@ -96,15 +88,7 @@ def test_a_cancelled_gateway_still_stops(tmp_path: Path) -> None:
     """``asyncio.run`` ending (an exception in an embedding program, a test that gave up)
     cancels every task at once: the commit loop with the rest. The gateway's stop then
     asked the dead loop for its last $ledger record and waited for it forever."""
-    cfg = GatewayConfig.model_validate(
-        {
-            "id": "gw-cancelled",
-            "fleet": "t",
-            "uplink": {"broker": "mqtt://127.0.0.1:9"},
-            "store": {"path": str(tmp_path / "gw.db")},
-            "health": {"port": 0},
-        }
-    )
+    cfg = offline_config(tmp_path, "gw-cancelled")
     gw = service.Gateway(cfg, notifier=Notifier({}))
 
     async def main() -> None:

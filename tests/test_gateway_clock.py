@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from devkit.gateway_helpers import offline_config
 from devkit.store_helpers import append, begin
 from pubcomp.gateway import service
 from pubcomp.gateway.clock import (
@@ -20,7 +21,6 @@ from pubcomp.gateway.clock import (
     iso,
     kernel_synced,
 )
-from pubcomp.gateway.config import GatewayConfig
 from pubcomp.gateway.intake import Intake
 from pubcomp.sensors.api import ClockFix
 from pubcomp.sync.store import Reading, Store
@@ -153,17 +153,12 @@ def test_gateway_corrects_readings_taken_before_the_clock_synced(
     clock = ClockWatch(
         lambda: synced, wall=lambda: time.time() - (0 if synced else slow), mono=time.monotonic
     )
-    cfg = GatewayConfig.model_validate(
-        {
-            "id": "gw-clock",
-            "fleet": "t",
-            # Nothing listens there: every reading waits in the store, where it can be corrected.
-            "uplink": {"broker": "mqtt://127.0.0.1:9"},
-            "store": {"path": str(tmp_path / "gw.db")},
-            "health": {"port": 0},
-            "gpio": "simulated",
-            "sensors": [{"id": "t", "type": "simulated", "interval_s": 0.05}],
-        }
+    # The uplink reaches nothing: every reading waits in the store, where it can be corrected.
+    cfg = offline_config(
+        tmp_path,
+        "gw-clock",
+        gpio="simulated",
+        sensors=[{"id": "t", "type": "simulated", "interval_s": 0.05}],
     )
     t_start = t_sync = t_seen = 0.0
 

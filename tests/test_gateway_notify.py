@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 from devkit.broker import Mosquitto
-from devkit.gateway_helpers import GatewayProc
+from devkit.gateway_helpers import GatewayProc, offline_config
 from pubcomp.gateway import service
-from pubcomp.gateway.config import GatewayConfig
 from pubcomp.gateway.notify import Notifier
 
 
@@ -121,15 +120,7 @@ def test_ready_status_watchdog_withheld_while_the_store_is_locked_and_stopping(
 def test_no_watchdog_pings_while_the_event_loop_is_wedged(tmp_path: Path) -> None:
     """The pings come from the event loop itself: a loop stuck in a call sends none."""
     ns = NotifySocket(tmp_path / "notify.sock")
-    cfg = GatewayConfig.model_validate(
-        {
-            "id": "gw-wedge",
-            "fleet": "t",
-            "uplink": {"broker": "mqtt://127.0.0.1:9"},
-            "store": {"path": str(tmp_path / "gw.db")},
-            "health": {"port": 0},
-        }
-    )
+    cfg = offline_config(tmp_path, "gw-wedge")
     notifier = Notifier({"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "200000"})
 
     async def main() -> int:
