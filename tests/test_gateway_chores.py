@@ -107,7 +107,7 @@ def test_a_cancelled_gateway_still_stops(tmp_path: Path) -> None:
     stopper.start()
     stopper.join(60)
     assert not stopper.is_alive(), "the cancelled gateway did not stop within 60 s"
-    # The stop ran to its end: the store is closed, and what it committed is readable.
+    # The stop ran to its end, and the store it left is whole.
     db = sqlite3.connect(tmp_path / "gw.db")
     try:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
