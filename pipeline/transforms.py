@@ -464,6 +464,18 @@ def in_hours(date: Column, hour: Column, hours: list[tuple[str, int]]) -> Column
     return F.struct(date.alias("d"), hour.alias("h")).isin(*wanted)
 
 
+def in_minutes(
+    date: Column, hour: Column, ts: Column, minutes: list[tuple[str, int, int]]
+) -> Column:
+    """True for a ``ts`` in one of the (``date``, ``hour``, minute) triples ``minutes`` (a
+    literal list, as ``in_hours``)."""
+    wanted = [
+        F.struct(F.lit(d).alias("d"), F.lit(h).alias("h"), F.lit(m).alias("m"))
+        for d, h, m in minutes
+    ]
+    return F.struct(date.alias("d"), hour.alias("h"), F.minute(ts).alias("m")).isin(*wanted)
+
+
 def other_hours(hourly: DataFrame, hours: list[tuple[str, int]]) -> DataFrame:
     """The rows of an hourly rollup outside the given (``date``, ``hour``) pairs."""
     return hourly.where(~in_hours(F.col("date"), F.hour("window_start"), hours))

@@ -430,6 +430,49 @@ def test_an_hour_whose_every_copy_is_displaced_leaves_the_rollups(
     _agrees(landing, wh)
 
 
+def _minute_rows(spark: Any, wh: Path, hour: str) -> dict[Any, tuple[Any, ...]]:
+    rows = spark.read.parquet(str(wh / "rollup_1m" / hour)).collect()
+    return {(r.origin, r.sensor, r.window_start): tuple(r) for r in rows}
+
+
+def test_a_batch_in_an_hour_rolled_up_before_aggregates_its_minutes_and_keeps_the_rest(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A batch that adds to an hour aggregates the minutes it adds to, from all their
+    readings, and keeps the hour's other minutes as ``rollup_1m`` holds them; an hour a
+    killed overwrite deleted (an overwrite deletes a partition before it renames the new
+    one in) is aggregated whole from ``readings`` again."""
+    landing, wh = tmp_path / "landing", tmp_path / "wh"
+    start = datetime(2026, 11, 20, 5, tzinfo=UTC)
+    hour = "date=2026-11-20/hour=5"
+    # Four streams, a dozen readings each a minute, over the hour.
+    write_landing(landing, 3_000, origins=2, sensors=4, seed=8, start=start, span_s=3600)
+    _run(spark, landing, wh)
+    before = _minute_rows(spark, wh, hour)
+    # Minutes 20 to 29 of it, again, late: readings among those of the first run.
+    write_landing(
+        landing, 200, origins=2, sensors=4, seed=9, start=start + timedelta(minutes=20),
+        span_s=600, late_rate=1.0, late_max_s=7200, id_offset=10_000, name="more",
+    )  # fmt: skip
+    s = _run(spark, landing, wh)
+    assert s["readings_written"] == 200 and s["partitions_rewritten"]["rollup_1m"] == 1
+    after = _minute_rows(spark, wh, hour)
+    changed = {k for k in before if after[k] != before[k]}
+    assert set(after) == set(before) and changed, "the batch adds to minutes that held readings"
+    assert {k[2].minute for k in changed} <= set(range(20, 30))
+    _agrees(landing, wh)
+    # A kill between the overwrite's delete and its rename: the hour's minutes are gone.
+    shutil.rmtree(wh / "rollup_1m" / hour)
+    write_landing(
+        landing, 100, origins=2, sensors=4, seed=10, start=start + timedelta(minutes=40),
+        span_s=300, id_offset=20_000, name="again",
+    )  # fmt: skip
+    s = _run(spark, landing, wh)
+    assert s["readings_written"] == 100
+    assert set(_minute_rows(spark, wh, hour)) == set(before)
+    _agrees(landing, wh)
+
+
 def _generations(wh: Path, table: str) -> dict[str, list[str]]:
     return {
         b.name: sorted(g.name for g in b.glob("gen=*"))
