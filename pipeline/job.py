@@ -430,7 +430,9 @@ class Pipeline:
         if self._exists("readings"):
             earlier = self._table("readings", transforms.READINGS_SCHEMA, hours)
             earlier = earlier.where(F.col("batch") != batch_id)
-            merged = sorted(h for h in hours if h in touched and self._has_minutes(h))
+            merged = sorted(
+                (d, h) for d, h in hours if (d, h) in touched and self._has("rollup_1m", d, h)
+            )
             if merged:
                 mine = [(d, h, m) for d, h in merged for m in sorted(touched[(d, h)])]
                 earlier = earlier.where(
@@ -464,6 +466,14 @@ class Pipeline:
             if self._exists("rollup_1h"):
                 hourly = self._table("rollup_1h", transforms.ROLLUP_DAY_SCHEMA, dates=dates)
                 by_hour = transforms.other_hours(hourly, hours).unionByName(by_hour)
+            lost = [d for d in dates if not self._has("rollup_1h", d) and self._has("rollup_1m", d)]
+            if lost:
+                # A date a killed overwrite of rollup_1h deleted, or a new one: its other
+                # hours from their minutes (rollup_1m's write above replaced only the
+                # batch's hours).
+                finer = self._table("rollup_1m", transforms.ROLLUP_1M_SCHEMA, dates=lost)
+                finer = finer.where(~transforms.in_hours(F.col("date"), F.col("hour"), hours))
+                by_hour = transforms.rollup_up(finer, "hour").unionByName(by_hour)
             by_hour = by_hour.persist()
             present: set[tuple[str, int]] = set()
             if emptied:
@@ -536,12 +546,13 @@ class Pipeline:
             df = df.where(F.col("date").isin(dates))
         return df
 
-    def _has_minutes(self, hour: tuple[str, int]) -> bool:
-        """Whether ``rollup_1m`` holds the hour: a run killed while it replaced the hour
-        may have deleted it (an overwrite deletes a partition, then renames the new one
-        in), and then its minutes come from ``readings`` again."""
-        d, h = hour
-        return path_exists(self.spark, f"{self.path('rollup_1m')}/date={d}/hour={h}")
+    def _has(self, table: str, date: str, hour: int | None = None) -> bool:
+        """Whether a rollup holds the partition of a date (or of an hour of it): a run
+        killed while it replaced the partition may have deleted it (an overwrite deletes
+        a partition, then renames the new one in), and then its rows are built again
+        from the finer table."""
+        part = f"{self.path(table)}/date={date}" + ("" if hour is None else f"/hour={hour}")
+        return path_exists(self.spark, part)
 
     def _delete(self, path: str) -> None:
         delete_path(self.spark, path)

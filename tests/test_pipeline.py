@@ -441,12 +441,13 @@ def test_a_batch_in_an_hour_rolled_up_before_aggregates_its_minutes_and_keeps_th
     """A batch that adds to an hour aggregates the minutes it adds to, from all their
     readings, and keeps the hour's other minutes as ``rollup_1m`` holds them; an hour a
     killed overwrite deleted (an overwrite deletes a partition before it renames the new
-    one in) is aggregated whole from ``readings`` again."""
+    one in) is aggregated whole from ``readings`` again, and a date whose ``rollup_1h``
+    partition a killed overwrite deleted takes its other hours from their minutes."""
     landing, wh = tmp_path / "landing", tmp_path / "wh"
     start = datetime(2026, 11, 20, 5, tzinfo=UTC)
     hour = "date=2026-11-20/hour=5"
-    # Four streams, a dozen readings each a minute, over the hour.
-    write_landing(landing, 3_000, origins=2, sensors=4, seed=8, start=start, span_s=3600)
+    # Four streams, a dozen readings each a minute, over hours 5 and 6.
+    write_landing(landing, 6_000, origins=2, sensors=4, seed=8, start=start, span_s=7200)
     _run(spark, landing, wh)
     before = _minute_rows(spark, wh, hour)
     # Minutes 20 to 29 of it, again, late: readings among those of the first run.
@@ -461,8 +462,10 @@ def test_a_batch_in_an_hour_rolled_up_before_aggregates_its_minutes_and_keeps_th
     assert set(after) == set(before) and changed, "the batch adds to minutes that held readings"
     assert {k[2].minute for k in changed} <= set(range(20, 30))
     _agrees(landing, wh)
-    # A kill between the overwrite's delete and its rename: the hour's minutes are gone.
+    # A kill between an overwrite's delete and its rename: the hour's minutes are gone,
+    # and so are the date's hours (hour 6's row among them, which the batch leaves).
     shutil.rmtree(wh / "rollup_1m" / hour)
+    shutil.rmtree(wh / "rollup_1h" / "date=2026-11-20")
     write_landing(
         landing, 100, origins=2, sensors=4, seed=10, start=start + timedelta(minutes=40),
         span_s=300, id_offset=20_000, name="again",
@@ -470,6 +473,8 @@ def test_a_batch_in_an_hour_rolled_up_before_aggregates_its_minutes_and_keeps_th
     s = _run(spark, landing, wh)
     assert s["readings_written"] == 100
     assert set(_minute_rows(spark, wh, hour)) == set(before)
+    hourly = spark.read.parquet(str(wh / "rollup_1h")).where("date = '2026-11-20'")
+    assert hourly.count() == 8  # four streams, hours 5 and 6
     _agrees(landing, wh)
 
 
