@@ -327,7 +327,7 @@ class Pipeline:
         ids = maybe.select("id")
         ids = F.broadcast(ids) if n < SMALL else ids
         found = transforms.seen_rows(
-            readings.where(earlier & transforms.in_hours(F.col("date"), F.col("hour"), hours)).join(
+            readings.where(earlier & transforms.in_hours("date", "hour", hours)).join(
                 ids, on="id", how="left_semi"
             )
         ).localCheckpoint(eager=True)
@@ -436,13 +436,10 @@ class Pipeline:
             if merged:
                 mine = [(d, h, m) for d, h in merged for m in sorted(touched[(d, h)])]
                 earlier = earlier.where(
-                    ~transforms.in_hours(F.col("date"), F.col("hour"), merged)
-                    | transforms.in_minutes(F.col("date"), F.col("hour"), F.col("ts"), mine)
+                    ~transforms.in_hours("date", "hour", merged) | transforms.in_minutes("ts", mine)
                 )
                 kept = self._table("rollup_1m", transforms.ROLLUP_1M_SCHEMA, merged).where(
-                    ~transforms.in_minutes(
-                        F.col("date"), F.col("hour"), F.col("window_start"), mine
-                    )
+                    ~transforms.in_minutes("window_start", mine)
                 )
             readings = earlier.unionByName(readings)
         dates = sorted({d for d, _ in hours})
@@ -472,7 +469,7 @@ class Pipeline:
                 # hours from their minutes (rollup_1m's write above replaced only the
                 # batch's hours).
                 finer = self._table("rollup_1m", transforms.ROLLUP_1M_SCHEMA, dates=lost)
-                finer = finer.where(~transforms.in_hours(F.col("date"), F.col("hour"), hours))
+                finer = finer.where(~transforms.in_hours("date", "hour", hours))
                 by_hour = transforms.rollup_up(finer, "hour").unionByName(by_hour)
             by_hour = by_hour.persist()
             present: set[tuple[str, int]] = set()
@@ -541,7 +538,7 @@ class Pipeline:
         df = self.spark.read.schema(schema).parquet(self.path(name))
         if hours is not None:
             # On the partition columns only: the other hours' files are pruned, not read.
-            df = df.where(transforms.in_hours(F.col("date"), F.col("hour"), hours))
+            df = df.where(transforms.in_hours("date", "hour", hours))
         elif dates is not None:
             df = df.where(F.col("date").isin(dates))
         return df

@@ -30,6 +30,8 @@ Rules, all of them here:
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -457,28 +459,44 @@ def quality(
     )
 
 
-def in_hours(date: Column, hour: Column, hours: list[tuple[str, int]]) -> Column:
-    """True for a (``date``, ``hour``) among ``hours`` (a literal list: no join, and on
-    partition columns it prunes partitions)."""
-    wanted = [F.struct(F.lit(d).alias("d"), F.lit(h).alias("h")) for d, h in hours]
-    return F.struct(date.alias("d"), hour.alias("h")).isin(*wanted)
+def _sql_string(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def in_minutes(
-    date: Column, hour: Column, ts: Column, minutes: list[tuple[str, int, int]]
-) -> Column:
-    """True for a ``ts`` in one of the (``date``, ``hour``, minute) triples ``minutes`` (a
-    literal list, as ``in_hours``)."""
-    wanted = [
-        F.struct(F.lit(d).alias("d"), F.lit(h).alias("h"), F.lit(m).alias("m"))
-        for d, h, m in minutes
-    ]
-    return F.struct(date.alias("d"), hour.alias("h"), F.minute(ts).alias("m")).isin(*wanted)
+def in_hours(date: str, hour: str, hours: list[tuple[str, int]]) -> Column:
+    """True for a (``date``, ``hour``) among ``hours``: ``date`` and ``hour`` are SQL
+    expressions (column names, say). One literal list, no join; on partition columns it
+    prunes partitions.
+
+    Parsed from one SQL string: built from Column objects, each element cost four calls
+    into the JVM (a struct, two literals, aliases), 1-2 ms each on a Pi-class or busy
+    machine, and a batch over many hours spent seconds building its filters."""
+    if not hours:
+        return F.lit(False)
+    wanted = ", ".join(f"({_sql_string(d)}, {int(h)})" for d, h in hours)
+    return F.expr(f"({date}, {hour}) IN ({wanted})")
+
+
+def epoch_minute(date: str, hour: int, minute: int) -> int:
+    """The minutes since 1970 (UTC) of a (``date``, ``hour``, ``minute``)."""
+    day = datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=UTC)
+    return int(day.timestamp()) // 60 + hour * 60 + minute
+
+
+def in_minutes(ts: str, minutes: list[tuple[str, int, int]]) -> Column:
+    """True for a timestamp ``ts`` (a SQL expression) in one of the (``date``, ``hour``,
+    minute) triples ``minutes`` (UTC, the session's zone: a reading's ``date`` and
+    ``hour`` are its ``ts``'s), as one literal list of minutes since 1970 (``in_hours``:
+    why one SQL string)."""
+    if not minutes:
+        return F.lit(False)
+    wanted = ", ".join(str(epoch_minute(d, h, m)) for d, h, m in sorted(set(minutes)))
+    return F.expr(f"(unix_seconds({ts}) div 60) IN ({wanted})")
 
 
 def other_hours(hourly: DataFrame, hours: list[tuple[str, int]]) -> DataFrame:
     """The rows of an hourly rollup outside the given (``date``, ``hour``) pairs."""
-    return hourly.where(~in_hours(F.col("date"), F.hour("window_start"), hours))
+    return hourly.where(~in_hours("date", "hour(window_start)", hours))
 
 
 def _first_last(ts: Column, tie: Column, value: Column) -> list[Column]:

@@ -100,6 +100,41 @@ def test_tasks_per_hour_spread_only_a_large_batch_over_fewer_hours_than_two_per_
     assert job.tasks_per_hour(8, 0, big) == 1
 
 
+def test_hour_and_minute_filters_select_exactly_their_literals_and_prune_partitions(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``in_hours`` and ``in_minutes``: one SQL literal list each (a batch's minutes can be
+    thousands), the same rows as the (date, hour, minute) triples name, and ``in_hours``
+    on partition columns prunes the other partitions' files."""
+    from pubcomp.pipeline import transforms
+
+    t0 = datetime(2026, 11, 20, 22, 0, tzinfo=UTC)
+    stamps = [t0 + timedelta(minutes=7 * k, seconds=k % 60) for k in range(60)]  # 22:00-04:53
+    rows = [
+        (s.strftime("%Y-%m-%d"), s.hour, s.replace(tzinfo=None), k) for k, s in enumerate(stamps)
+    ]
+    spark.createDataFrame(rows, "date string, hour int, ts timestamp, k int").write.partitionBy(
+        "date", "hour"
+    ).parquet(str(tmp_path / "t"))
+    table = spark.read.schema("ts timestamp, k int, date string, hour int").parquet(
+        str(tmp_path / "t")
+    )
+    hours = [("2026-11-20", 23), ("2026-11-21", 2), ("2026-11-22", 0)]  # the last: no rows
+    got = {r.k for r in table.where(transforms.in_hours("date", "hour", hours)).collect()}
+    assert got == {k for k, s in enumerate(stamps) if (s.strftime("%Y-%m-%d"), s.hour) in hours}
+    assert got  # (both hours hold rows)
+    plan = table.where(transforms.in_hours("date", "hour", hours))._jdf.queryExecution()
+    assert "PartitionFilters: [named_struct" in plan.executedPlan().toString()
+    minutes = [(s.strftime("%Y-%m-%d"), s.hour, s.minute) for s in stamps[::3]]
+    minutes += [("2026-11-21", 3, 59), ("1999-12-31", 23, 59)]  # no rows there
+    got = {r.k for r in table.where(transforms.in_minutes("ts", minutes)).collect()}
+    assert got == set(range(0, 60, 3))
+    left = {r.k for r in table.where(~transforms.in_minutes("ts", minutes)).collect()}
+    assert left == set(range(60)) - got
+    assert table.where(transforms.in_hours("date", "hour", [])).count() == 0
+    assert table.where(~transforms.in_minutes("ts", [])).count() == 60
+
+
 def test_hours_spread_over_tasks_give_the_same_tables_and_a_file_per_part(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
