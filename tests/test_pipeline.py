@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from devkit import duckdb_reference as ref
 from devkit import hooked
 from devkit.sparkconf import JUDGE_AGAIN, conf_env, interpreted_env
-from pubcomp.pipeline import job
+from pubcomp.pipeline import job, transforms
 from pubcomp.pipeline.job import Pipeline
 from pubcomp.pipeline.synth import write_landing
 from pubcomp.sync.wire import wire_time
@@ -106,8 +106,6 @@ def test_hour_and_minute_filters_select_exactly_their_literals_and_prune_partiti
     """``in_hours`` and ``in_minutes``: one SQL literal list each (a batch's minutes can be
     thousands), the same rows as the (date, hour, minute) triples name, and ``in_hours``
     on partition columns prunes the other partitions' files."""
-    from pubcomp.pipeline import transforms
-
     t0 = datetime(2026, 11, 20, 22, 0, tzinfo=UTC)
     stamps = [t0 + timedelta(minutes=7 * k, seconds=k % 60) for k in range(60)]  # 22:00-04:53
     rows = [
@@ -168,6 +166,10 @@ def test_hours_spread_over_tasks_give_the_same_tables_and_a_file_per_part(
     for table in ("readings/date=2026-11-20/hour=11/batch=1", "rollup_1m/date=2026-11-20/hour=11"):
         assert len(list((wh / table).glob("*.parquet"))) > 1, table
     ones = spark.read.parquet(str(wh / "readings" / "date=2026-11-20" / "hour=11" / "batch=1"))
+    # The batch's working columns (an hour's part, each copy's stream position) are never
+    # written: a file holds the table's columns, the partition columns aside.
+    written = [c for c in transforms.READINGS_SCHEMA.names if c not in {"date", "hour", "batch"}]
+    assert ones.columns == written, ones.columns
     files = (
         ones.withColumn("f", F.input_file_name())
         .groupBy("origin", "sensor")
